@@ -1,0 +1,41 @@
+# The two commands a new user runs: `make demo` and `make test`.
+# Each creates .venv when missing. Where no CUDA device is present, the CPU build of torch is
+# installed first (an unpinned torch resolves to a multi-GB CUDA build).
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+PIP := $(VENV)/bin/pip
+CPU_TORCH := torch==2.13.0
+STAMP := $(VENV)/.installed
+
+.PHONY: demo test lint bench clean
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PIP) install -q --upgrade pip
+	if nvidia-smi -L >/dev/null 2>&1; then \
+		echo "CUDA device found: installing torch from the index"; \
+	else \
+		echo "no CUDA device: installing the CPU build ($(CPU_TORCH))"; $(PIP) install -q $(CPU_TORCH); \
+	fi
+	$(PIP) install -q -e ".[dev,diffusion]"
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(PY) -m unirl_lightning.demo
+
+test: $(STAMP)
+	$(VENV)/bin/ruff check .
+	$(PY) -m pytest -m "not gpu" -q
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
+bench: $(STAMP)
+	$(PIP) install -q -e ".[bench]"
+	$(PY) benchmarks/controller_overhead.py
+	$(PY) benchmarks/async_vs_sync.py
+
+clean:
+	rm -rf $(VENV) runs lightning_logs .pytest_cache

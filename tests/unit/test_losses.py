@@ -1,0 +1,173 @@
+"""Pins unirl_lightning.algorithms.losses against hand-computed numbers."""
+
+import pytest
+import torch
+
+from unirl_lightning.algorithms.losses import aggregate_loss, gspo_loss, masked_mean, ppo_clip_loss
+
+# one sequence of four tokens whose ratios pi/pi_old are 1.5, 0.5, 1.0, 1.1
+RATIOS = torch.tensor([[1.5, 0.5, 1.0, 1.1]])
+OLD_LOGP = torch.tensor([[-1.0, -2.0, -0.5, -3.0]])
+LOGP = OLD_LOGP + RATIOS.log()
+MASK = torch.ones(1, 4)
+
+
+def test_masked_mean_ignores_masked_positions_even_inf_and_nan():
+    x = torch.tensor([[1.0, 2.0], [3.0, float("inf")]])
+    mask = torch.tensor([[1, 1], [1, 0]])
+    assert masked_mean(x, mask) == 2.0
+    assert torch.equal(masked_mean(x, mask, dim=-1), torch.tensor([1.5, 3.0]))
+    assert masked_mean(torch.tensor([float("nan"), 4.0]), torch.tensor([False, True])) == 4.0
+
+
+def test_masked_mean_of_an_all_masked_slice_is_zero_not_nan():
+    assert torch.equal(
+        masked_mean(torch.ones(2, 2), torch.tensor([[1, 1], [0, 0]]), dim=-1), torch.tensor([1.0, 0.0])
+    )
+
+
+def test_masked_mean_rejects_a_mask_of_another_shape():
+    with pytest.raises(ValueError, match=r"mask must have the shape of x \(2,\), got \(3,\)"):
+        masked_mean(torch.ones(2), torch.ones(3))
+
+
+LOSS_TOKENS = torch.tensor([[1.0, 2.0, 3.0], [4.0, 9.0, 9.0], [7.0, 7.0, 7.0]])
+LOSS_MASK = torch.tensor([[1, 1, 1], [1, 0, 0], [0, 0, 0]])
+
+
+def test_token_mean_weighs_every_valid_token_equally():
+    # (1 + 2 + 3 + 4) / 4
+    assert aggregate_loss(LOSS_TOKENS, LOSS_MASK, "token-mean") == 2.5
+
+
+def test_seq_mean_token_mean_weighs_every_non_empty_sequence_equally():
+    # (mean[1, 2, 3] + mean[4]) / 2 = (2 + 4) / 2; the empty third sequence is left out
+    assert aggregate_loss(LOSS_TOKENS, LOSS_MASK, "seq-mean-token-mean") == 3.0
+
+
+def test_seq_mean_token_sum_norm_divides_by_the_max_length_dr_grpo():
+    # (6 / 3 + 4 / 3 + 0 / 3) / 3 sequences = 10 / 9
+    assert torch.allclose(
+        aggregate_loss(LOSS_TOKENS, LOSS_MASK, "seq-mean-token-sum-norm"), torch.tensor(10 / 9)
+    )
+
+
+def test_aggregate_loss_rejects_unknown_mode_listing_the_allowed():
+    with pytest.raises(
+        ValueError,
+        match=r"one of \('token-mean', 'seq-mean-token-mean', 'seq-mean-token-sum-norm'\), got 'sum'",
+    ):
+        aggregate_loss(LOSS_TOKENS, LOSS_MASK, "sum")
+
+
+def test_ppo_clip_positive_advantage_clips_ratios_above_one_plus_clip():
+    loss, metrics = ppo_clip_loss(LOGP, OLD_LOGP, torch.tensor([1.0]), MASK)
+    # pg_loss1 = -r = [-1.5, -0.5, -1, -1.1]; pg_loss2 = -clamp(r, 0.8, 1.2) = [-1.2, -0.8, -1, -1.1]
+    # max = [-1.2, -0.5, -1, -1.1] -> mean -0.95; only the first token is clipped
+    assert torch.allclose(loss, torch.tensor(-0.95))
+    assert torch.allclose(metrics["ratio_mean"], torch.tensor(1.025))  # (1.5 + 0.5 + 1 + 1.1) / 4
+    assert metrics["clip_fraction"] == 0.25
+    # k3: mean of (r - 1) - log r = (0.094535 + 0.193147 + 0 + 0.004690) / 4
+    assert torch.allclose(metrics["approx_kl"], torch.tensor(0.0730930))
+
+
+def test_ppo_clip_negative_advantage_clips_ratios_below_one_minus_clip():
+    loss, metrics = ppo_clip_loss(LOGP, OLD_LOGP, torch.tensor([-1.0]), MASK)
+    # pg_loss1 = r = [1.5, 0.5, 1, 1.1]; pg_loss2 = [1.2, 0.8, 1, 1.1]; max = [1.5, 0.8, 1, 1.1]
+    assert torch.allclose(loss, torch.tensor(4.4 / 4))
+    assert metrics["clip_fraction"] == 0.25
+
+
+def test_clipped_tokens_get_zero_gradient_and_unclipped_get_minus_a_ratio_over_n():
+    logp = LOGP.clone().requires_grad_(True)
+    loss, _ = ppo_clip_loss(logp, OLD_LOGP, torch.tensor([1.0]), MASK)
+    loss.backward()
+    # d(-A r)/d logp = -A r, divided by 4 tokens; token 0 is clipped
+    assert torch.allclose(logp.grad, torch.tensor([[0.0, -0.5 / 4, -1.0 / 4, -1.1 / 4]]))
+
+
+def test_clip_higher_uses_the_asymmetric_upper_bound_dapo():
+    loss, metrics = ppo_clip_loss(LOGP, OLD_LOGP, torch.tensor([1.0]), MASK, clip_low=0.2, clip_high=0.28)
+    # token 0: max(-1.5, -1.28) = -1.28 -> (-1.28 - 0.5 - 1 - 1.1) / 4
+    assert torch.allclose(loss, torch.tensor(-3.88 / 4))
+    assert metrics["clip_fraction"] == 0.25
+
+
+def test_per_token_advantages_masked_garbage_does_not_leak_into_loss_or_gradient():
+    advantages = torch.tensor([[1.0, 2.0, -1.0, 5.0]])
+    mask = torch.tensor([[1, 1, 1, 0]])
+    logp = LOGP.clone()
+    logp[0, 3] = 1e4  # garbage on a masked token: exp() would overflow if it were not masked first
+    logp.requires_grad_(True)
+    loss, metrics = ppo_clip_loss(logp, OLD_LOGP, advantages, mask, aggregation="seq-mean-token-sum-norm")
+    # token 0: max(-1.5, -1.2) = -1.2; token 1: A=2, max(-1.0, -1.6) = -1.0; token 2: r=1 -> 1.0
+    # sum -1.2 over max length 4
+    assert torch.allclose(loss, torch.tensor(-1.2 / 4))
+    assert torch.allclose(metrics["ratio_mean"], torch.tensor(1.0))  # (1.5 + 0.5 + 1) / 3
+    loss.backward()
+    assert logp.grad[0, 3] == 0.0  # not nan
+
+
+def test_is_weights_multiply_the_token_losses_and_carry_no_gradient():
+    is_weights = torch.tensor([[2.0, 0.0, 1.0, 1.0]], requires_grad=True)
+    logp = LOGP.clone().requires_grad_(True)
+    loss, _ = ppo_clip_loss(logp, OLD_LOGP, torch.tensor([1.0]), MASK, is_weights=is_weights)
+    # [-1.2 * 2, -0.5 * 0, -1, -1.1] / 4
+    assert torch.allclose(loss, torch.tensor(-4.5 / 4))
+    loss.backward()
+    assert is_weights.grad is None
+
+
+def test_ratio_is_exactly_one_on_policy():
+    logp = torch.tensor([[-0.3, -1.7]])
+    loss, metrics = ppo_clip_loss(logp, logp.clone(), torch.tensor([2.0]), torch.ones(1, 2))
+    assert loss == -2.0
+    assert metrics["ratio_mean"] == 1.0 and metrics["clip_fraction"] == 0.0 and metrics["approx_kl"] == 0.0
+
+
+def test_ppo_clip_rejects_bad_shapes_and_clip_ranges():
+    with pytest.raises(
+        ValueError, match=r"advantages must be \[B\] = \(1,\) or \[B, T\] = \(1, 4\), got \(2,\)"
+    ):
+        ppo_clip_loss(LOGP, OLD_LOGP, torch.ones(2), MASK)
+    with pytest.raises(ValueError, match=r"clip_low must be in \[0, 1\), got 1.5"):
+        ppo_clip_loss(LOGP, OLD_LOGP, torch.ones(1), MASK, clip_low=1.5)
+    with pytest.raises(ValueError, match=r"clip_high must be >= 0, got -0.1"):
+        ppo_clip_loss(LOGP, OLD_LOGP, torch.ones(1), MASK, clip_high=-0.1)
+    with pytest.raises(ValueError, match=r"same shape, got logp=\(1, 4\), old_logp=\(1, 3\)"):
+        ppo_clip_loss(LOGP, OLD_LOGP[:, :3], torch.ones(1), MASK)
+    with pytest.raises(ValueError, match=r"is_weights must be \[B, T\] = \(1, 4\), got \(4,\)"):
+        ppo_clip_loss(LOGP, OLD_LOGP, torch.ones(1), MASK, is_weights=torch.ones(4))
+
+
+def test_gspo_ratio_is_the_geometric_mean_of_valid_token_ratios_clipped_per_sequence():
+    old_logp = torch.tensor([[-1.0, -2.0], [-1.0, -2.0]])
+    logp = old_logp + torch.tensor([[0.0002, 0.0004], [0.001, 7.0]])
+    mask = torch.tensor([[1, 1], [1, 0]])
+    loss, metrics = gspo_loss(logp, old_logp, torch.tensor([1.0, 1.0]), mask)
+    # seq 0: exp(0.0003) = 1.00030005, inside [1 - 3e-4, 1 + 4e-4]
+    # seq 1: exp(0.001) = 1.00100050 (the masked 7.0 is ignored), clipped to 1.0004
+    assert torch.allclose(loss, torch.tensor(-(1.00030005 + 1.0004) / 2))
+    assert torch.allclose(metrics["ratio_mean"], torch.tensor((1.00030005 + 1.0010005) / 2))
+    assert metrics["clip_fraction"] == 0.5
+
+
+def test_gspo_gradient_is_spread_evenly_over_the_sequence_tokens():
+    old_logp = torch.zeros(1, 2)
+    logp = torch.zeros(1, 2, requires_grad=True)
+    loss, _ = gspo_loss(logp, old_logp, torch.tensor([2.0]), torch.ones(1, 2))
+    loss.backward()
+    # loss = -A exp(mean(logp)) -> d/d logp_t = -A * 1 / 2
+    assert torch.allclose(logp.grad, torch.tensor([[-1.0, -1.0]]))
+
+
+def test_gspo_requires_one_advantage_per_sequence():
+    with pytest.raises(
+        ValueError, match=r"advantages must be \[B\] = \(1,\) \(one per sequence\), got \(1, 4\)"
+    ):
+        gspo_loss(LOGP, OLD_LOGP, torch.ones(1, 4), MASK)
+
+
+def test_gspo_approx_kl_is_the_token_level_k3():
+    _, metrics = gspo_loss(LOGP, OLD_LOGP, torch.tensor([1.0]), MASK)
+    assert torch.allclose(metrics["approx_kl"], torch.tensor(0.0730930))

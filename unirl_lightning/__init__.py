@@ -1,0 +1,1 @@
+"""unirl_lightning: async RL post-training (GRPO, PPO, Flow-GRPO) the Lightning way."""

@@ -1,0 +1,53 @@
+"""When to push the trainer's weights to the rollout workers."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from lightning.pytorch.callbacks import Callback
+
+from unirl_lightning.callbacks._util import check_every_n_steps, rollout_strategy
+
+
+class WeightSyncCallback(Callback):
+    """Push weights every ``every_n_steps`` RL steps: quiesce, push, version + 1.
+
+    The push itself is the strategy's ``sync_weights`` (it refuses while anything is in flight, so it
+    quiesces first). After a resume the workers are re-pushed once at fit start so they hold the
+    restored weights. Logs ``sync/time_s``, ``sync/bytes`` and ``sync/quiesce_s``.
+
+    Args:
+        every_n_steps: RL steps (training batches) between pushes. The launch ceiling uses it, so
+            the staleness bound holds for any cadence.
+
+    Example::
+
+        Trainer(strategy=AsyncRolloutStrategy(), callbacks=[WeightSyncCallback(every_n_steps=2)])
+    """
+
+    def __init__(self, every_n_steps: int = 1) -> None:
+        self.every_n_steps = check_every_n_steps(every_n_steps)
+        self.num_syncs = 0
+        self._resumed = False
+
+    def on_train_start(self, trainer: Any, pl_module: Any) -> None:
+        if self._resumed:
+            rollout_strategy(trainer, type(self).__name__).sync_weights()
+            self._resumed = False
+
+    def on_train_batch_end(
+        self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
+        strategy = rollout_strategy(trainer, type(self).__name__)
+        if (strategy.loop.steps % self.every_n_steps) != 0:
+            return
+        stats = strategy.sync_weights()
+        self.num_syncs += 1
+        pl_module.log_dict(stats, on_step=True, on_epoch=False, batch_size=1)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"every_n_steps": self.every_n_steps, "num_syncs": self.num_syncs}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self.num_syncs = state_dict["num_syncs"]
+        self._resumed = True

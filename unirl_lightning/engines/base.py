@@ -1,0 +1,36 @@
+"""The engine contract: what a rollout worker needs from an inference engine.
+
+Called inside a worker process (a Ray actor), one call at a time. Guarantees:
+
+* ``generate(request)`` returns one group per prompt record, ``request.n`` :class:`Rollout`\\ s each,
+  with the behaviour log-prob of every sampled token computed at ``request.sampling.temperature``
+  (the temperature the trainer recomputes at). Rewards are left at 0: the worker scores them.
+* ``load_weights(named_tensors, weight_version)`` replaces the weights it generates with; the
+  tensors are full parameters by name (or, for LoRA engines, adapter parameters only).
+* ``sleep()`` / ``wake()`` release and restore accelerator memory for colocated placement; engines
+  that cannot do it treat both as no-ops.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Protocol, runtime_checkable
+
+import torch
+
+from unirl_lightning.rollout.types import Rollout, RolloutRequest
+
+
+@runtime_checkable
+class RolloutEngine(Protocol):
+    weight_version: int
+
+    def generate(self, request: RolloutRequest) -> list[list[Rollout]]: ...
+
+    def load_weights(
+        self, named_tensors: Iterable[tuple[str, torch.Tensor]], weight_version: int
+    ) -> None: ...
+
+    def sleep(self) -> None: ...
+
+    def wake(self) -> None: ...

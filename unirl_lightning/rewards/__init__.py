@@ -1,0 +1,31 @@
+"""Rewards: picklable batch scorers ``reward(completions, records) -> list[float]``.
+
+Call them through :func:`score_batch`, which checks the result and wraps failures in
+:class:`RewardError`. See :mod:`unirl_lightning.rewards.base` for the contract.
+"""
+
+from unirl_lightning.rewards.base import (
+    CallableReward,
+    CombinedReward,
+    ExactMatchReward,
+    FormatReward,
+    Reward,
+    RewardError,
+    resolve_reward,
+    reward_name,
+    score_batch,
+)
+from unirl_lightning.rewards.math import MathVerifyReward
+
+__all__ = [
+    "CallableReward",
+    "CombinedReward",
+    "ExactMatchReward",
+    "FormatReward",
+    "MathVerifyReward",
+    "Reward",
+    "RewardError",
+    "resolve_reward",
+    "reward_name",
+    "score_batch",
+]

@@ -1,0 +1,471 @@
+"""Batch rollout controller: in-flight bookkeeping, weight-version stamps, buffering and eviction.
+
+Who calls it
+    The driver-side ``RolloutLoop`` (training *policy*: when to launch, poll, drain) and the
+    weight-sync callback (when to ``quiesce`` and ``sync_weights``). The controller itself is
+    *mechanism*: it never decides when anything happens, and it never calls
+    :func:`launch_ceiling`, which is the one shared piece of batch policy and lives here only so
+    that the formula exists exactly once.
+
+What it guarantees
+    * ``submit`` hands out consecutive ``gen_id`` values starting at ``start_gen_id`` and stamps
+      each job with the weight version current *at launch* (launch-time stamps).
+    * Reaping is complete-or-nothing per job: a job leaves the in-flight pool, and its groups
+      enter the buffer, only if both ``pending.result()`` and ``complete(...)`` returned. A job
+      whose reap raised stays in flight, so a later ``poll`` retries it and inserts its groups
+      exactly once. Every ready job is attempted in one sweep; the first ``Exception`` is
+      re-raised after the sweep and later ones are logged. ``KeyboardInterrupt`` and other
+      ``BaseException`` subclasses pass straight through, leaving the job being reaped in flight.
+    * ``drain_freshest(n, max_staleness)`` first evicts every buffered group whose
+      ``weight_version < weight_version_now - max_staleness`` (handed out once by
+      ``pop_evicted``), then either returns exactly ``n`` groups, freshest version first and in
+      insertion order within a version, or returns ``None`` and consumes nothing.
+    * ``sync_weights(push)`` pairs the push with the version bump: it refuses while anything is in
+      flight, calls ``push(new_version)`` once, and bumps the version only if ``push`` returned.
+
+What raises
+    * ``ValueError`` for impossible arguments (``n <= 0``, ``max_inflight <= 0``,
+      ``max_staleness < 0``, and the ``launch_ceiling`` arguments), naming the argument, the
+      value seen and the rule.
+    * ``RuntimeError`` from ``drain_freshest`` when fewer than ``n`` groups are buffered and
+      nothing is in flight (the request can never be satisfied), and from ``sync_weights`` while
+      jobs are in flight.
+    * Whatever ``launch``, ``pending.result()``, ``complete`` or ``push`` raise, with the state
+      left as if the failing call had not been made.
+
+This module imports only the standard library: the training driver imports it without torch or ray.
+"""
+
+from __future__ import annotations
+
+import bisect
+import logging
+from collections import deque
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+__all__ = [
+    "BatchRolloutController",
+    "InflightPool",
+    "Pending",
+    "StampedGroup",
+    "VersionedBuffer",
+    "launch_ceiling",
+]
+
+logger = logging.getLogger(__name__)
+
+
+class Pending(Protocol):
+    """A non-blocking handle on one launched generation (e.g. a Ray ``PendingCall``)."""
+
+    def ready(self) -> bool:
+        """True once ``result()`` would return (or raise) without blocking."""
+        ...
+
+    def wait(self) -> None:
+        """Block until the generation has finished (successfully or not)."""
+        ...
+
+    def result(self) -> Any:
+        """The generation's output; may raise, and may be called again after raising."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class StampedGroup:
+    """One group of samples with the generation it came from and the weight version it was made under.
+
+    ``group`` is whatever the controller's ``complete`` callback produced (e.g. the ``n`` samples
+    of one prompt); the controller never looks inside it.
+    """
+
+    gen_id: int
+    weight_version: int
+    group: Any
+
+
+@dataclass(slots=True)
+class _InflightJob:
+    gen_id: int
+    weight_version: int
+    pending: Pending
+
+
+def _require_at_least(name: str, value: int, minimum: int) -> None:
+    if value < minimum:
+        raise ValueError(f"{name} must be >= {minimum}, got {value!r}")
+
+
+class VersionedBuffer:
+    """Stamped groups awaiting training, kept grouped by weight version.
+
+    Mechanism only: the caller says which version is current and how stale is too stale.
+    Insertion is O(1) (amortised; O(log V) when a new version appears, V = distinct versions
+    buffered), eviction of a whole version is O(groups evicted), and draining ``n`` groups is
+    O(n + V).
+
+    Example::
+
+        buffer = VersionedBuffer()
+        buffer.insert(StampedGroup(gen_id=0, weight_version=0, group="a"))
+        buffer.insert(StampedGroup(gen_id=1, weight_version=1, group="b"))
+        buffer.drain_freshest(1, current_weight_version=1, max_staleness=0, more_coming=False)
+        # -> [StampedGroup(gen_id=1, weight_version=1, group='b')]; "a" is now in pop_evicted()
+    """
+
+    def __init__(self) -> None:
+        self._by_version: dict[int, deque[StampedGroup]] = {}
+        self._versions: list[int] = []  # sorted ascending; exactly the keys of _by_version
+        self._size = 0
+        self._evicted: list[StampedGroup] = []
+
+    def __len__(self) -> int:
+        return self._size
+
+    def insert(self, item: StampedGroup) -> None:
+        """Buffer one stamped group (after every group already buffered at the same version)."""
+        bucket = self._by_version.get(item.weight_version)
+        if bucket is None:
+            bucket = self._by_version[item.weight_version] = deque()
+            bisect.insort(self._versions, item.weight_version)
+        bucket.append(item)
+        self._size += 1
+
+    def evict_older_than(self, min_weight_version: int) -> int:
+        """Move every group with ``weight_version < min_weight_version`` to the evicted list.
+
+        Returns how many groups were evicted. Evicted groups are handed out once by
+        :meth:`pop_evicted`, oldest version first.
+        """
+        evicted = 0
+        versions = self._versions
+        while versions and versions[0] < min_weight_version:
+            bucket = self._by_version.pop(versions.pop(0))
+            self._evicted.extend(bucket)
+            evicted += len(bucket)
+        self._size -= evicted
+        return evicted
+
+    def take_freshest(self, n: int) -> list[StampedGroup] | None:
+        """Remove and return the ``n`` freshest groups, or return ``None`` and remove nothing if fewer.
+
+        Freshest means highest ``weight_version`` first; within one version, insertion order.
+        """
+        _require_at_least("n", n, 1)
+        if self._size < n:
+            return None
+        taken: list[StampedGroup] = []
+        versions = self._versions
+        while len(taken) < n:
+            bucket = self._by_version[versions[-1]]
+            still_needed = n - len(taken)
+            if len(bucket) <= still_needed:
+                taken.extend(bucket)
+                del self._by_version[versions.pop()]
+            else:
+                popleft = bucket.popleft
+                taken.extend([popleft() for _ in range(still_needed)])
+        self._size -= n
+        return taken
+
+    def drain_freshest(
+        self,
+        n: int,
+        *,
+        current_weight_version: int,
+        max_staleness: int | None,
+        more_coming: bool,
+    ) -> list[StampedGroup] | None:
+        """Evict what is over the staleness budget, then take the ``n`` freshest groups.
+
+        Both controllers' ``drain_freshest`` are this method:
+
+        1. If ``max_staleness`` is not None, every group with
+           ``weight_version < current_weight_version - max_staleness`` is evicted.
+        2. If fewer than ``n`` groups remain: raise ``RuntimeError`` when ``more_coming`` is
+           False (nothing in flight, so the request can never be satisfied); otherwise return
+           ``None`` having consumed nothing.
+        3. Otherwise remove and return the ``n`` freshest (see :meth:`take_freshest`).
+
+        Raises ``ValueError`` if ``n < 1`` or ``max_staleness < 0``.
+        """
+        _require_at_least("n", n, 1)
+        if max_staleness is not None:
+            _require_at_least("max_staleness", max_staleness, 0)
+            self.evict_older_than(current_weight_version - max_staleness)
+        if self._size < n:
+            if not more_coming:
+                raise RuntimeError(
+                    f"drain_freshest(n={n}) can never be satisfied: only {self._size} group(s) are "
+                    f"buffered and nothing is in flight to produce more; launch more work or ask for fewer"
+                )
+            return None
+        return self.take_freshest(n)
+
+    def pop_evicted(self) -> list[StampedGroup]:
+        """Return every group evicted since the last call (oldest version first), then forget them."""
+        evicted, self._evicted = self._evicted, []
+        return evicted
+
+
+Complete = Callable[[int, int, Any], Iterable[Any]]
+"""``complete(gen_id, weight_version, result) -> groups``: turn one generation's result into groups."""
+
+
+class InflightPool:
+    """Launched jobs keyed by ``gen_id``, reaped complete-or-nothing.
+
+    Mechanism only: the pool does not launch anything, number anything or decide when to reap.
+    Jobs are kept in insertion order, which the controller makes ``gen_id`` order.
+    """
+
+    def __init__(self) -> None:
+        self._jobs: dict[int, _InflightJob] = {}
+
+    def __len__(self) -> int:
+        return len(self._jobs)
+
+    def gen_ids(self) -> list[int]:
+        """The ``gen_id`` of every job in flight, oldest first."""
+        return list(self._jobs)
+
+    def add(self, gen_id: int, weight_version: int, pending: Pending) -> None:
+        """Track one launched job; raises ``ValueError`` if ``gen_id`` is already in flight."""
+        if gen_id in self._jobs:
+            raise ValueError(
+                f"gen_id {gen_id} is already in flight; every in-flight job needs its own gen_id"
+            )
+        self._jobs[gen_id] = _InflightJob(gen_id, weight_version, pending)
+
+    def oldest(self) -> Pending | None:
+        """The pending handle of the oldest job in flight, or ``None`` when nothing is in flight."""
+        for job in self._jobs.values():
+            return job.pending
+        return None
+
+    def reap_ready(self, complete: Complete, insert: Callable[[StampedGroup], None]) -> int:
+        """Reap every job whose ``pending.ready()`` is true; returns the number of groups inserted.
+
+        See :meth:`_reap` for the per-job contract and the error contract.
+        """
+        ready = [job for job in self._jobs.values() if job.pending.ready()]
+        return self._reap(ready, complete, insert, wait_first=False)
+
+    def reap_all(self, complete: Complete, insert: Callable[[StampedGroup], None]) -> int:
+        """Wait for and reap every job in flight, in ``gen_id`` order; returns groups inserted.
+
+        Same error contract as :meth:`reap_ready`: a job whose reap fails stays in flight, so the
+        pool may be non-empty when this raises.
+        """
+        return self._reap(list(self._jobs.values()), complete, insert, wait_first=True)
+
+    def _reap(
+        self,
+        jobs: list[_InflightJob],
+        complete: Complete,
+        insert: Callable[[StampedGroup], None],
+        *,
+        wait_first: bool,
+    ) -> int:
+        """Reap ``jobs`` in order, each complete-or-nothing.
+
+        Per job: ``groups = list(complete(gen_id, weight_version, pending.result()))``; only when
+        that returned is the job removed and each group inserted as a :class:`StampedGroup`.
+        An ``Exception`` leaves the job in flight; the sweep continues, and the first such error
+        is re-raised at the end (later ones are logged). Any other ``BaseException`` (e.g.
+        ``KeyboardInterrupt``) propagates at once, with the job being reaped still in flight and
+        the jobs already reaped in this sweep already inserted.
+        """
+        first_error: Exception | None = None
+        inserted = 0
+        for job in jobs:
+            try:
+                if wait_first:
+                    job.pending.wait()
+                groups = list(complete(job.gen_id, job.weight_version, job.pending.result()))
+            except Exception as error:
+                if first_error is None:
+                    first_error = error
+                else:
+                    logger.error(
+                        "reap of gen_id=%d failed too (the first failure will be raised); it stays in flight",
+                        job.gen_id,
+                        exc_info=error,
+                    )
+                continue
+            del self._jobs[job.gen_id]
+            gen_id, weight_version = job.gen_id, job.weight_version
+            for group in groups:
+                insert(StampedGroup(gen_id, weight_version, group))
+            inserted += len(groups)
+        if first_error is not None:
+            raise first_error
+        return inserted
+
+
+def _one_group(gen_id: int, weight_version: int, result: Any) -> list[Any]:
+    return [result]
+
+
+class BatchRolloutController:
+    """Async batch generation: launch jobs, reap them as they finish, hand out the freshest groups.
+
+    Args:
+        launch: ``launch(request) -> Pending``; starts one generation without blocking.
+        complete: ``complete(gen_id, weight_version, result) -> groups``; turns one finished
+            generation into the groups to buffer (default: the result is one group). Do every
+            fallible step here before touching outside state: a raise leaves the job in flight and
+            it is completed again on the next ``poll``.
+        start_gen_id: the first ``gen_id`` handed out (e.g. the resume step).
+        start_weight_version: the weight version the generators hold now.
+
+    Example::
+
+        controller = BatchRolloutController(launch=workers.generate_nowait)
+        controller.launch_until(launch_ceiling(step, sync_interval, max_staleness, num_rollouts),
+                                max_inflight=2, build=lambda gen_id: prompts[gen_id])
+        controller.poll()
+        batch = controller.drain_freshest(groups_per_step, max_staleness=1)
+    """
+
+    def __init__(
+        self,
+        launch: Callable[[Any], Pending],
+        complete: Complete | None = None,
+        start_gen_id: int = 0,
+        start_weight_version: int = 0,
+    ) -> None:
+        _require_at_least("start_gen_id", start_gen_id, 0)
+        _require_at_least("start_weight_version", start_weight_version, 0)
+        self._launch = launch
+        self._complete: Complete = complete if complete is not None else _one_group
+        self._next_gen_id = start_gen_id
+        self._weight_version = start_weight_version
+        self._pool = InflightPool()
+        self._buffer = VersionedBuffer()
+
+    @property
+    def weight_version(self) -> int:
+        """The version of the weights the generators hold (bumped only by ``sync_weights``)."""
+        return self._weight_version
+
+    @property
+    def next_gen_id(self) -> int:
+        """The ``gen_id`` the next ``submit`` will hand out."""
+        return self._next_gen_id
+
+    @property
+    def inflight(self) -> int:
+        """Number of launched jobs not yet reaped."""
+        return len(self._pool)
+
+    @property
+    def buffered(self) -> int:
+        """Number of groups reaped and waiting to be drained."""
+        return len(self._buffer)
+
+    def submit(self, request: Any) -> int:
+        """Launch one generation stamped with the current weight version; returns its ``gen_id``.
+
+        If ``launch`` raises, nothing is tracked and the ``gen_id`` is not used up.
+        """
+        pending = self._launch(request)
+        gen_id = self._next_gen_id
+        self._pool.add(gen_id, self._weight_version, pending)
+        self._next_gen_id = gen_id + 1
+        return gen_id
+
+    def launch_until(self, gen_id_limit: int, max_inflight: int, build: Callable[[int], Any]) -> int:
+        """Launch ``build(next_gen_id)`` while ``next_gen_id < gen_id_limit`` and ``inflight < max_inflight``.
+
+        Returns how many were launched. ``gen_id_limit`` is exclusive (see :func:`launch_ceiling`).
+        """
+        _require_at_least("max_inflight", max_inflight, 1)
+        launched = 0
+        while self._next_gen_id < gen_id_limit and len(self._pool) < max_inflight:
+            self.submit(build(self._next_gen_id))
+            launched += 1
+        return launched
+
+    def poll(self) -> int:
+        """Reap every ready job without blocking; returns the number of groups inserted.
+
+        Complete-or-nothing per job; the first failure is raised after every ready job was tried.
+        """
+        return self._pool.reap_ready(self._complete, self._buffer.insert)
+
+    def wait_oldest(self) -> None:
+        """Block until the oldest in-flight job has finished (reap it with ``poll``); no-op if none."""
+        pending = self._pool.oldest()
+        if pending is not None:
+            pending.wait()
+
+    def quiesce(self) -> int:
+        """Wait for and reap every in-flight job in ``gen_id`` order; returns groups inserted.
+
+        Call before ``sync_weights`` (and before eval or checkpointing). If a reap fails, the
+        failing jobs stay in flight and the first error is raised after the sweep, so a following
+        ``sync_weights`` still refuses.
+        """
+        return self._pool.reap_all(self._complete, self._buffer.insert)
+
+    def drain_freshest(self, n: int, max_staleness: int | None = None) -> list[StampedGroup] | None:
+        """Evict groups over the staleness budget, then remove and return the ``n`` freshest.
+
+        Returns ``None`` (consuming nothing) when fewer than ``n`` groups are buffered but jobs
+        are in flight; raises ``RuntimeError`` when fewer than ``n`` are buffered and nothing is in
+        flight. See :meth:`VersionedBuffer.drain_freshest`.
+        """
+        return self._buffer.drain_freshest(
+            n,
+            current_weight_version=self._weight_version,
+            max_staleness=max_staleness,
+            more_coming=len(self._pool) > 0,
+        )
+
+    def pop_evicted(self) -> list[StampedGroup]:
+        """Return every group evicted as over-stale since the last call, once."""
+        return self._buffer.pop_evicted()
+
+    def sync_weights(self, push: Callable[[int], Any]) -> int:
+        """Push new weights to the generators and advance the version ledger; returns the new version.
+
+        Refuses (``RuntimeError``) while any job is in flight: a generation must never straddle
+        two weight versions. If ``push`` raises, the version is not bumped.
+        """
+        if self._pool:
+            gen_ids = self._pool.gen_ids()
+            raise RuntimeError(
+                f"sync_weights refused: {len(gen_ids)} generation(s) still in flight (gen_ids {gen_ids}); "
+                f"call quiesce() first so that no rollout straddles two weight versions"
+            )
+        new_version = self._weight_version + 1
+        push(new_version)
+        self._weight_version = new_version
+        logger.info("pushed weights to the generators: weight_version=%d", new_version)
+        return new_version
+
+
+def launch_ceiling(rollout_id: int, sync_interval: int, max_staleness: int, num_rollouts: int) -> int:
+    """Exclusive upper bound on the ``gen_id`` that may be launched at training step ``rollout_id``.
+
+    Generation ``g`` is trained at step ``g``; weights are synced after every ``sync_interval``
+    steps, so the version at step ``r`` is ``r // sync_interval``. A rollout launched now carries
+    version ``rollout_id // sync_interval`` and must be trained no more than ``max_staleness``
+    versions later, hence::
+
+        min(num_rollouts, (rollout_id // sync_interval + max_staleness + 1) * sync_interval)
+
+    At ``max_staleness=0`` no launched rollout crosses the next sync boundary (with
+    ``sync_interval=1`` this is ``rollout_id + 1``: synchronous training).
+
+    Raises ``ValueError`` if ``rollout_id < 0``, ``sync_interval < 1``, ``max_staleness < 0`` or
+    ``num_rollouts < 0``.
+    """
+    _require_at_least("rollout_id", rollout_id, 0)
+    _require_at_least("sync_interval", sync_interval, 1)
+    _require_at_least("max_staleness", max_staleness, 0)
+    _require_at_least("num_rollouts", num_rollouts, 0)
+    return min(num_rollouts, (rollout_id // sync_interval + max_staleness + 1) * sync_interval)

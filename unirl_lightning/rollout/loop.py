@@ -1,0 +1,224 @@
+"""RolloutLoop: the training *policy* that turns a prompt stream into ExperienceBatches.
+
+Installed by :class:`~unirl_lightning.strategy.AsyncRolloutStrategy` in place of the training
+dataloader, so Lightning's fit loop iterates it like any dataloader. Each ``next()`` is one RL step:
+
+* autoregressive (``order="launch_first"``): top up the in-flight window to the launch ceiling,
+  then poll, then drain the freshest ``groups_per_step`` groups; wait on the oldest job while the
+  buffer is short.
+* diffusion (``order="poll_first"``): poll first, so a ready result is reaped before any new launch
+  (a launch must never block the transfer of a finished result), then top up, then drain.
+
+The staleness contract: a group launched under weight version ``v`` is trained only while
+``current_version - v <= max_staleness``; older groups are evicted, counted and logged, never
+trained. ``launch_ceiling`` keeps launches from running so far ahead that they would be evicted.
+The loop's position (prompts handed out, launched-but-untrained requests, next gen_id, version)
+is in ``state_dict`` so that a checkpoint resumes without losing or repeating prompts.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+from unirl_lightning.rollout.controller import BatchRolloutController, StampedGroup, launch_ceiling
+from unirl_lightning.rollout.types import ExperienceBatch, RolloutRequest, SamplingParams
+
+ORDERS = ("launch_first", "poll_first")
+
+
+class PendingBatch:
+    """What the loop yields to Lightning: resolved into an ExperienceBatch by the strategy."""
+
+    __slots__ = ("loop",)
+
+    def __init__(self, loop: RolloutLoop) -> None:
+        self.loop = loop
+
+    def resolve(self) -> ExperienceBatch:
+        return self.loop.next_batch()
+
+
+class RolloutLoop:
+    def __init__(
+        self,
+        prompts: Iterable[list[dict[str, Any]]],
+        controller: BatchRolloutController,
+        *,
+        num_generations: int,
+        sampling: SamplingParams,
+        max_staleness: int,
+        max_inflight: int,
+        sync_interval: int,
+        pad_token_id: int,
+        seed: int = 0,
+        order: str = "launch_first",
+        num_rollouts: int = sys.maxsize,
+        collate: Any = None,
+    ) -> None:
+        if order not in ORDERS:
+            raise ValueError(f"order must be one of {ORDERS}, got {order!r}")
+        if max_inflight < 1:
+            raise ValueError(f"max_inflight must be >= 1, got {max_inflight}")
+        if max_staleness < 0:
+            raise ValueError(f"max_staleness must be >= 0, got {max_staleness}")
+        self.prompts = prompts
+        self.controller = controller
+        self.num_generations = num_generations
+        self.sampling = sampling
+        self.max_staleness = max_staleness
+        self.max_inflight = max_inflight
+        self.sync_interval = sync_interval
+        self.pad_token_id = pad_token_id
+        self.seed = seed
+        self.order = order
+        self.num_rollouts = num_rollouts
+        self.collate = collate or ExperienceBatch.collate
+        # position in the prompt stream and the requests launched but not yet trained
+        self.steps = 0
+        self.prompt_batches_used = 0
+        self.prompt_epoch = 0
+        self.untrained: dict[int, list[dict[str, Any]]] = {}  # gen_id -> prompt records
+        self.replay: list[list[dict[str, Any]]] = []  # records to relaunch first after a resume
+        self.evicted_groups = 0
+        self.evicted_gen_ids: list[int] = []
+        self.blocked_s = 0.0  # time the trainer waited on generation since the last batch
+        self.generate_s = 0.0  # generation time of the jobs reaped since the last batch
+        self.groups_per_step: int | None = None
+        self._prompt_iter: Iterator[list[dict[str, Any]]] | None = None
+
+    # -- the prompt stream ----------------------------------------------------------------------
+    def _next_records(self) -> list[dict[str, Any]]:
+        if self.replay:
+            return self.replay.pop(0)
+        if self._prompt_iter is None:
+            self._prompt_iter = iter(self.prompts)
+            for _ in range(self.prompt_batches_used - self._epoch_offset()):
+                next(self._prompt_iter)
+        try:
+            records = next(self._prompt_iter)
+        except StopIteration:  # a new pass over the prompts: Lightning sees one endless epoch
+            self.prompt_epoch += 1
+            self._epoch_start = self.prompt_batches_used
+            self._prompt_iter = iter(self.prompts)
+            records = next(self._prompt_iter)
+        self.prompt_batches_used += 1
+        return list(records)
+
+    def _epoch_offset(self) -> int:
+        return getattr(self, "_epoch_start", 0)
+
+    def _build(self, gen_id: int) -> RolloutRequest:
+        records = self._next_records()
+        if self.groups_per_step is None:
+            self.groups_per_step = len(records)
+        self.untrained[gen_id] = records
+        return RolloutRequest(
+            records=records,
+            n=self.num_generations,
+            sampling=self.sampling,
+            seed=self.seed + gen_id,
+            gen_id=gen_id,
+        )
+
+    # -- one step -------------------------------------------------------------------------------
+    def __iter__(self) -> RolloutLoop:
+        return self
+
+    def __next__(self) -> PendingBatch:
+        """A placeholder the strategy turns into the real batch (:meth:`next_batch`) at ``batch_to_device``.
+
+        Lightning's fit loop fetches one batch ahead of the step it runs. Draining then would
+        judge staleness (and launch) under the weight version *before* the previous step's sync,
+        which breaks ``max_staleness=0``; deferring the step to ``batch_to_device`` runs it after
+        that sync, right before ``training_step``.
+        """
+        return PendingBatch(self)
+
+    def next_batch(self) -> ExperienceBatch:
+        """Run one RL step of the rollout policy and return the batch to train on."""
+        ctl = self.controller
+        ceiling = launch_ceiling(self.steps, self.sync_interval, self.max_staleness, self.num_rollouts)
+        if self.order == "poll_first":
+            self._reap()
+        while True:
+            ctl.launch_until(ceiling, self.max_inflight, self._build)
+            self._reap()
+            drained = ctl.drain_freshest(self.groups_per_step or 1, self.max_staleness)
+            self._count_evicted()
+            if drained is not None:
+                break
+            start = time.perf_counter()
+            ctl.wait_oldest()
+            self.blocked_s += time.perf_counter() - start
+        return self._make_batch(drained)
+
+    def _reap(self) -> None:
+        start = time.perf_counter()
+        self.controller.poll()
+        self.blocked_s += time.perf_counter() - start  # result transfer is not hidden either
+
+    def _count_evicted(self) -> None:
+        for item in self.controller.pop_evicted():
+            self.evicted_groups += 1
+            self.evicted_gen_ids.append(item.gen_id)
+            self.untrained.pop(item.gen_id, None)
+
+    def complete(self, gen_id: int, weight_version: int, result: dict[str, Any]) -> list[Any]:
+        """The controller's ``complete`` hook: stamp every sample with the launch-time version."""
+        for group in result["groups"]:
+            for rollout in group:
+                rollout.gen_id = gen_id
+                rollout.weight_version = weight_version
+        self.generate_s += result["generate_s"]
+        return result["groups"]
+
+    def _make_batch(self, drained: list[StampedGroup]) -> ExperienceBatch:
+        version = self.controller.weight_version
+        for item in drained:
+            self.untrained.pop(item.gen_id, None)
+        staleness = [version - item.weight_version for item in drained]
+        rewards = [r.reward for item in drained for r in item.group]
+        lengths = [len(r.completion_ids) for item in drained for r in item.group]
+        overlap = 1.0 - min(1.0, self.blocked_s / self.generate_s) if self.generate_s > 0 else 0.0
+        stats = {
+            "rollout/reward_mean": sum(rewards) / len(rewards),
+            "rollout/completion_len": sum(lengths) / len(lengths),
+            "rollout/evicted_groups": float(self.evicted_groups),
+            "rollout/inflight": float(self.controller.inflight),
+            "perf/generate_time_s": self.generate_s,
+            "perf/wait_time_s": self.blocked_s,
+            "perf/overlap": overlap,
+        }
+        stats["rollout/staleness_mean"] = sum(staleness) / len(staleness)
+        stats["rollout/staleness_max"] = float(max(staleness))
+        batch = self.collate([item.group for item in drained], self.pad_token_id, stats)
+        self.steps += 1
+        self.blocked_s = 0.0
+        self.generate_s = 0.0
+        return batch
+
+    # -- checkpointing --------------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        """Launched-but-untrained prompts are saved by value: a resume relaunches them first."""
+        return {
+            "steps": self.steps,
+            "prompt_batches_used": self.prompt_batches_used,
+            "prompt_epoch": self.prompt_epoch,
+            "epoch_start": self._epoch_offset(),
+            "next_gen_id": self.controller.next_gen_id,
+            "weight_version": self.controller.weight_version,
+            "untrained": [self.untrained[g] for g in sorted(self.untrained)] + list(self.replay),
+            "evicted_groups": self.evicted_groups,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.steps = state["steps"]
+        self.prompt_batches_used = state["prompt_batches_used"]
+        self.prompt_epoch = state["prompt_epoch"]
+        self._epoch_start = state["epoch_start"]
+        self.replay = [list(r) for r in state["untrained"]]
+        self.evicted_groups = state["evicted_groups"]
+        self._prompt_iter = None

@@ -1,0 +1,258 @@
+"""AsyncRolloutStrategy: Lightning's training strategy plus the rollout side of an RL loop.
+
+What it owns (built once, kept across repeated ``fit``/``validate`` calls on the same strategy):
+the rollout workers (Ray actors running the module's engine), the driver-side
+:class:`~unirl_lightning.rollout.controller.BatchRolloutController` (version ledger, buffers) and
+the weight-sync backend. For the training stage only it replaces the prompt dataloader with a
+:class:`~unirl_lightning.rollout.loop.RolloutLoop` through ``process_dataloader``, so
+``training_step`` receives :class:`~unirl_lightning.rollout.types.ExperienceBatch`\\ es.
+
+Guarantees: ``max_staleness=0, max_inflight=1`` is synchronous on-policy training; no trained
+sample is older than ``max_staleness`` versions; weights are pushed only while nothing is in flight
+(:meth:`sync_weights` quiesces first); evaluation never pushes and never changes the version.
+Workers are shut down on error and Ctrl-C (``on_exception``), by :meth:`shutdown`, and at exit.
+Only Lightning's public API is used.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+import torch
+from lightning.pytorch.strategies import SingleDeviceStrategy, StrategyRegistry
+
+from unirl_lightning.rollout.controller import BatchRolloutController
+from unirl_lightning.rollout.loop import PendingBatch, RolloutLoop
+from unirl_lightning.rollout.types import RolloutRequest, SamplingParams
+from unirl_lightning.weight_sync import WeightSync, resolve_weight_sync
+
+log = logging.getLogger(__name__)
+
+PLACEMENTS = ("separate", "colocate")
+
+
+class AsyncRolloutStrategy(SingleDeviceStrategy):
+    """Train on one device while rollout workers generate asynchronously.
+
+    Args:
+        max_staleness: a sample launched under weight version ``v`` is trained only while
+            ``current_version - v <= max_staleness``. 0 = on-policy.
+        max_inflight: rollout requests (one training step of prompts each) in flight at once.
+        num_workers: rollout workers (Ray actors); each prompt batch is split across them.
+        num_cpus_per_worker / num_gpus_per_worker: Ray resources of each worker.
+        placement: ``"separate"`` (generators on their own devices; required for async) or
+            ``"colocate"`` (engines sleep while the trainer runs; synchronous only).
+        weight_sync: ``"object_store"`` (default), ``"collective"`` or a ``WeightSync`` instance.
+        device: the training device, ``"auto"`` = ``cuda:0`` when visible else ``cpu``.
+        seed: base seed of the rollout requests (request ``g`` samples with ``seed + g``).
+
+    Example::
+
+        trainer = Trainer(strategy=AsyncRolloutStrategy(max_staleness=1, max_inflight=2), max_steps=100)
+        trainer.fit(GRPOModule(...), datamodule=PromptDataModule("digit_successor"))
+    """
+
+    strategy_name = "async_rollout"
+
+    def __init__(
+        self,
+        max_staleness: int = 1,
+        max_inflight: int = 2,
+        num_workers: int = 1,
+        num_cpus_per_worker: float = 1,
+        num_gpus_per_worker: float = 0,
+        placement: str = "separate",
+        weight_sync: str | WeightSync = "object_store",
+        device: str = "auto",
+        seed: int = 0,
+    ) -> None:
+        if max_staleness < 0:
+            raise ValueError(f"max_staleness must be >= 0, got {max_staleness}")
+        if max_inflight < 1:
+            raise ValueError(f"max_inflight must be >= 1, got {max_inflight}")
+        if num_workers < 1:
+            raise ValueError(f"num_workers must be >= 1, got {num_workers}")
+        if placement not in PLACEMENTS:
+            raise ValueError(f"placement must be one of {PLACEMENTS}, got {placement!r}")
+        if placement == "colocate" and (max_staleness > 0 or max_inflight > 1):
+            raise ValueError(
+                "placement='colocate' runs generation and training on the same device in turn, so it cannot "
+                f"overlap them: it needs max_staleness=0 and max_inflight=1, got max_staleness={max_staleness}, "
+                f"max_inflight={max_inflight}; use placement='separate' for async training"
+            )
+        if device == "auto":
+            device = "cuda:0" if torch.cuda.is_available() else "cpu"
+        super().__init__(device=torch.device(device))
+        self.max_staleness = max_staleness
+        self.max_inflight = max_inflight
+        self.num_workers = num_workers
+        self.num_cpus_per_worker = num_cpus_per_worker
+        self.num_gpus_per_worker = num_gpus_per_worker
+        self.placement = placement
+        self.weight_sync: WeightSync = resolve_weight_sync(weight_sync)
+        self.seed = seed
+        self.workers: Any = None
+        self.controller: BatchRolloutController | None = None
+        self.loop: RolloutLoop | None = None
+        self._loop_state: dict[str, Any] | None = None
+        self.last_sync: dict[str, float] = {}
+
+    # -- lifecycle ------------------------------------------------------------------------------
+    def setup(self, trainer: Any) -> None:
+        super().setup(trainer)
+        from unirl_lightning.callbacks import WeightSyncCallback, WeightVersionLogger
+
+        # the two callbacks the contract relies on are added when the user did not configure them
+        if not any(isinstance(c, WeightSyncCallback) for c in trainer.callbacks):
+            trainer.callbacks.append(WeightSyncCallback())
+        if not any(isinstance(c, WeightVersionLogger) for c in trainer.callbacks):
+            trainer.callbacks.append(WeightVersionLogger())
+        if self.workers is None:
+            self._start_rollout(trainer.lightning_module)
+
+    def _start_rollout(self, module: Any) -> None:
+        from unirl_lightning.workers import RolloutWorkerGroup
+
+        spec = module.rollout_spec()
+        self.workers = RolloutWorkerGroup(
+            spec.engine_config,
+            reward=spec.reward,
+            num_workers=self.num_workers,
+            num_cpus_per_worker=self.num_cpus_per_worker,
+            num_gpus_per_worker=self.num_gpus_per_worker,
+        )
+        state = self._loop_state or {}
+        self.controller = BatchRolloutController(
+            self.workers.generate,
+            complete=self._complete,
+            start_gen_id=state.get("next_gen_id", 0),
+            start_weight_version=state.get("weight_version", 0),
+        )
+        # the workers start from the trainer's weights, at the current version (no bump)
+        self.weight_sync.push(module.policy, self.workers, self.controller.weight_version)
+        if self.placement == "colocate":
+            self.workers.call("sleep")
+
+    def _complete(self, gen_id: int, weight_version: int, result: Any) -> list[Any]:
+        return self.loop.complete(gen_id, weight_version, result)
+
+    def process_dataloader(self, dataloader: object) -> object:
+        trainer = self.lightning_module.trainer
+        if not trainer.training:  # validation/test/predict dataloaders pass through untouched
+            return dataloader
+        from unirl_lightning.callbacks import WeightSyncCallback
+
+        module = self.lightning_module
+        spec = module.rollout_spec()
+        sync = next(c for c in trainer.callbacks if isinstance(c, WeightSyncCallback))
+        self.loop = RolloutLoop(
+            dataloader,
+            self.controller,
+            num_generations=spec.num_generations,
+            sampling=spec.sampling,
+            max_staleness=self.max_staleness,
+            max_inflight=self.max_inflight,
+            sync_interval=sync.every_n_steps,
+            pad_token_id=spec.pad_token_id,
+            seed=self.seed,
+            order=spec.order,
+            collate=spec.collate,
+        )
+        if self._loop_state is not None:
+            self.loop.load_state_dict(self._loop_state)
+            self._loop_state = None
+        return self.loop
+
+    def batch_to_device(self, batch: Any, device: torch.device | None = None, dataloader_idx: int = 0) -> Any:
+        if isinstance(batch, PendingBatch):  # the RL step runs here, after the previous step's sync
+            batch = batch.resolve()
+        return super().batch_to_device(batch, device, dataloader_idx)
+
+    # -- the two verbs callbacks use ------------------------------------------------------------
+    def sync_weights(self) -> dict[str, float]:
+        """Quiesce (wait for everything in flight), push the trainer's weights, bump the version."""
+        ctl = self.controller
+        if ctl is None:
+            raise RuntimeError(
+                "sync_weights was called before the strategy was set up (call trainer.fit first)"
+            )
+        start = time.perf_counter()
+        ctl.quiesce()
+        quiesce_s = time.perf_counter() - start
+        if self.loop is not None:
+            self.loop.blocked_s += quiesce_s  # generation the trainer waited for was not hidden
+        stats: dict[str, Any] = {}
+
+        def push(new_version: int) -> None:
+            if self.placement == "colocate":
+                self.workers.call("wake")
+            result = self.weight_sync.push(self.lightning_module.policy, self.workers, new_version)
+            stats.update(time_s=result.time_s, bytes=result.bytes)
+
+        version = ctl.sync_weights(push)
+        self.last_sync = {
+            "sync/time_s": stats["time_s"],
+            "sync/bytes": float(stats["bytes"]),
+            "sync/quiesce_s": quiesce_s,
+            "sync/weight_version": float(version),
+        }
+        return self.last_sync
+
+    def evaluate(self, records: list[dict[str, Any]], sampling: SamplingParams, n: int = 1, seed: int = 0):
+        """Generate and score ``records`` with the weights the workers hold now. Read-only: it neither
+        pushes weights nor changes the version, and it does not touch the training buffers."""
+        if self.workers is None:
+            raise RuntimeError("evaluate was called before the strategy was set up (call trainer.fit first)")
+        request = RolloutRequest(records=records, n=n, sampling=sampling, seed=seed, gen_id=-1)
+        result = self.workers.generate(request).result()
+        return result["groups"]
+
+    @property
+    def weight_version(self) -> int:
+        return self.controller.weight_version if self.controller is not None else 0
+
+    # -- checkpointing --------------------------------------------------------------------------
+    def rollout_state_dict(self) -> dict[str, Any]:
+        if self.loop is not None:
+            return self.loop.state_dict()
+        return dict(self._loop_state or {})
+
+    def load_rollout_state_dict(self, state: dict[str, Any]) -> None:
+        """Applied when the rollout side starts (or at once if it runs already)."""
+        self._loop_state = dict(state)
+        if self.controller is not None and self.controller.inflight == 0 and self.controller.buffered == 0:
+            # a live controller adopts the checkpoint's ledger so that stamps stay comparable
+            self.controller = BatchRolloutController(
+                self.workers.generate,
+                complete=self._complete,
+                start_gen_id=state["next_gen_id"],
+                start_weight_version=state["weight_version"],
+            )
+
+    # -- teardown -------------------------------------------------------------------------------
+    def on_exception(self, exception: BaseException) -> None:
+        log.warning("stopping rollout workers after %s", type(exception).__name__)
+        self.shutdown()
+        super().on_exception(exception)
+
+    def shutdown(self) -> None:
+        """Kill the workers (and the local Ray this run started). Safe to call twice."""
+        from unirl_lightning.workers.group import shutdown_ray_if_owned
+
+        if self.workers is not None:
+            self.workers.shutdown()
+        self.weight_sync.close()
+        self.workers = None
+        self.controller = None
+        self.loop = None
+        shutdown_ray_if_owned()
+
+
+if AsyncRolloutStrategy.strategy_name not in StrategyRegistry:
+    StrategyRegistry.register(
+        AsyncRolloutStrategy.strategy_name,
+        AsyncRolloutStrategy,
+        description="Lightning training + asynchronous rollout workers on Ray (unirl_lightning)",
+    )

@@ -1,0 +1,5 @@
+"""Rollout workers on Ray: engines in actors, calls that return pending handles."""
+
+from unirl_lightning.workers.group import PendingCall, RolloutWorker, RolloutWorkerGroup, ensure_ray
+
+__all__ = ["PendingCall", "RolloutWorker", "RolloutWorkerGroup", "ensure_ray"]
