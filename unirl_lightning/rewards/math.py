@@ -10,6 +10,7 @@ which disables the signal and the timeout; on the main thread the timeout is enf
 
 from __future__ import annotations
 
+import functools
 import threading
 
 from unirl_lightning.rewards.base import Reward, _record_field
@@ -70,11 +71,19 @@ class MathVerifyReward(Reward):
         return self.timeout_seconds or None
 
     def score(self, completion: str, record: dict) -> float:
-        from math_verify import parse, verify
+        from math_verify import verify
 
         timeout = self._timeout()
-        gold = parse(str(_record_field(record, self.answer_key, self.name)), parsing_timeout=timeout)
-        prediction = parse(completion, parsing_timeout=timeout)
+        gold = _parse(str(_record_field(record, self.answer_key, self.name)), timeout)
+        prediction = _parse(completion, timeout)
         if not gold or not prediction:
             return self.incorrect
         return self.correct if verify(gold, prediction, timeout_seconds=timeout) else self.incorrect
+
+
+@functools.lru_cache(maxsize=8192)
+def _parse(text: str, timeout: int | None) -> list:
+    """``math_verify.parse``, memoised: a group repeats its gold answer, and short completions repeat."""
+    from math_verify import parse
+
+    return parse(text, parsing_timeout=timeout)
