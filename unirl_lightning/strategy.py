@@ -21,6 +21,7 @@ import time
 from typing import Any
 
 import torch
+from jsonargparse.typing import NonNegativeInt, PositiveInt
 from lightning.pytorch.strategies import SingleDeviceStrategy, StrategyRegistry
 
 from unirl_lightning.rollout.controller import BatchRolloutController
@@ -58,9 +59,9 @@ class AsyncRolloutStrategy(SingleDeviceStrategy):
 
     def __init__(
         self,
-        max_staleness: int = 1,
-        max_inflight: int = 2,
-        num_workers: int = 1,
+        max_staleness: NonNegativeInt = 1,
+        max_inflight: PositiveInt = 2,
+        num_workers: PositiveInt = 1,
         num_cpus_per_worker: float = 1,
         num_gpus_per_worker: float = 0,
         placement: str = "separate",

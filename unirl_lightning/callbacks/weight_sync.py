@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from jsonargparse.typing import PositiveInt
 from lightning.pytorch.callbacks import Callback
 
 from unirl_lightning.callbacks._util import check_every_n_steps, rollout_strategy
@@ -25,7 +26,7 @@ class WeightSyncCallback(Callback):
         Trainer(strategy=AsyncRolloutStrategy(), callbacks=[WeightSyncCallback(every_n_steps=2)])
     """
 
-    def __init__(self, every_n_steps: int = 1) -> None:
+    def __init__(self, every_n_steps: PositiveInt = 1) -> None:
         self.every_n_steps = check_every_n_steps(every_n_steps)
         self.num_syncs = 0
         self._resumed = False

@@ -9,6 +9,8 @@ Contract:
   ``ready()`` and reaps it with ``result()``. ``result()`` is retryable: a failure raises and the
   call stays reapable.
 * Rewards are scored inside the worker, right after generation, so scoring overlaps training too.
+  A reward scores each sample's ``reward_input`` when it has one (the image of a diffusion
+  rollout), else its ``text``.
   A reward that raises fails the call with :class:`~unirl_lightning.rewards.RewardError`, which
   names the reward and the prompt.
 * :meth:`RolloutWorkerGroup.shutdown` kills every actor; it runs on normal exit, on error and on
@@ -60,6 +62,19 @@ def shutdown_ray_if_owned() -> None:
     _STARTED_BY_US = False
 
 
+def _check_fits(num_workers: int, cpus: float, gpus: float, resources: dict[str, float]) -> None:
+    """Fail at once, naming the numbers, when the cluster can never hold the workers."""
+    total = ray.cluster_resources()
+    wanted = {"CPU": cpus * num_workers, "GPU": gpus * num_workers}
+    wanted.update({k: v * num_workers for k, v in resources.items()})
+    for key, amount in wanted.items():
+        if amount > total.get(key, 0.0) + 1e-9:
+            raise RuntimeError(
+                f"{num_workers} rollout worker(s) need {key}={amount:g} in total but the Ray cluster has "
+                f"{key}={total.get(key, 0.0):g}; lower num_workers or the per-worker resources"
+            )
+
+
 class RolloutWorker:
     """Runs one engine and scores its groups. Ray wraps this class as an actor."""
 
@@ -76,7 +91,9 @@ class RolloutWorker:
         generate_s = time.perf_counter() - start
         if self.reward is not None:
             for group, record in zip(groups, request.records):
-                scores = score_batch(self.reward, [r.text for r in group], [record] * len(group))
+                # what the reward scores: the text, or e.g. the image of a diffusion rollout
+                completions = [getattr(r, "reward_input", r.text) for r in group]
+                scores = score_batch(self.reward, completions, [record] * len(group))
                 for rollout, score in zip(group, scores):
                     rollout.reward = float(score)
         return {
@@ -165,6 +182,7 @@ class RolloutWorkerGroup:
         num_gpus_per_worker: float = 0,
         resources_per_worker: dict[str, float] | None = None,
         runtime_env: dict[str, Any] | None = None,
+        start_timeout_s: float = 600.0,
     ) -> None:
         if num_workers < 1:
             raise ValueError(f"num_workers must be >= 1, got {num_workers}")
@@ -176,11 +194,20 @@ class RolloutWorkerGroup:
             runtime_env=runtime_env,
             max_concurrency=1,
         )
+        _check_fits(num_workers, num_cpus_per_worker, num_gpus_per_worker, resources_per_worker or {})
         self.workers = [actor_cls.remote(engine_config, reward, i) for i in range(num_workers)]
         self.num_workers = num_workers
-        # surface construction errors (a bad engine config, a missing extra) here, not at first use
-        ray.get([w.weight_version.remote() for w in self.workers])
         atexit.register(self.shutdown)
+        # surface construction errors (a bad engine config, a missing extra) here, not at first use
+        try:
+            ray.get([w.weight_version.remote() for w in self.workers], timeout=start_timeout_s)
+        except ray.exceptions.GetTimeoutError as exc:
+            self.shutdown()
+            raise RuntimeError(
+                f"{num_workers} rollout worker(s) did not start within start_timeout_s={start_timeout_s}s; Ray "
+                f"has {ray.available_resources()} free (each worker asks for num_cpus={num_cpus_per_worker}, "
+                f"num_gpus={num_gpus_per_worker}): other actors may hold the resources"
+            ) from exc
 
     def generate(self, request: RolloutRequest) -> PendingCall:
         parts = request.split(self.num_workers)

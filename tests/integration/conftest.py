@@ -1,0 +1,22 @@
+"""Integration fixtures: one real local Ray per session, tiny real models, real TensorBoard files."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+os.environ.setdefault("RAY_DEDUP_LOGS", "0")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+@pytest.fixture(scope="session")
+def ray_local():
+    import ray
+
+    torch.set_num_threads(1)
+    if not ray.is_initialized():
+        ray.init(num_cpus=16, include_dashboard=False, object_store_memory=256 * 1024**2, log_to_driver=False)
+    yield ray
+    ray.shutdown()

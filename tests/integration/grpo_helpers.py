@@ -1,0 +1,87 @@
+"""Builders shared by the GRPO integration tests: a tiny module, data, and a recording callback."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from lightning.pytorch import Callback, Trainer, seed_everything
+from lightning.pytorch.loggers import TensorBoardLogger
+
+from unirl_lightning.callbacks import RolloutEvalCallback, WeightSyncCallback, WeightVersionLogger
+from unirl_lightning.data import PromptDataModule
+from unirl_lightning.models import TinyCausalLM
+from unirl_lightning.modules import GRPOModule
+from unirl_lightning.rewards import ExactMatchReward
+from unirl_lightning.strategy import AsyncRolloutStrategy
+
+
+class StepRecorder(Callback):
+    """Records, at every step, what was trained and under which version, plus the logged metrics."""
+
+    def __init__(self) -> None:
+        self.steps: list[dict[str, Any]] = []
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+        self.steps.append(
+            {
+                "version": trainer.strategy.weight_version,
+                "row_versions": batch.weight_versions.tolist(),
+                "gen_ids": sorted(set(batch.gen_ids.tolist())),
+            }
+        )
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        metrics = {k: float(v) for k, v in trainer.callback_metrics.items()}
+        self.steps[-1]["metrics"] = metrics
+
+
+def tiny_module(**overrides: Any) -> GRPOModule:
+    kwargs = dict(
+        policy=TinyCausalLM(hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64),
+        reward=ExactMatchReward(),
+        num_generations=4,
+        max_new_tokens=2,
+        lr=3e-3,
+    )
+    kwargs.update(overrides)
+    return GRPOModule(**kwargs)
+
+
+def fit_tiny(
+    tmp_path,
+    *,
+    max_steps: int,
+    strategy: AsyncRolloutStrategy,
+    sync_every: int = 1,
+    extra_callbacks: list | None = None,
+    module: GRPOModule | None = None,
+    eval_every: int | None = None,
+    batch_size: int = 4,
+):
+    seed_everything(0)
+    recorder = StepRecorder()
+    callbacks = [
+        WeightSyncCallback(every_n_steps=sync_every),
+        WeightVersionLogger(histogram_every_n_steps=1),
+        recorder,
+    ]
+    if eval_every:
+        callbacks.append(RolloutEvalCallback(every_n_steps=eval_every, num_prompts=8))
+    callbacks += extra_callbacks or []
+    trainer = Trainer(
+        strategy=strategy,
+        max_steps=max_steps,
+        callbacks=callbacks,
+        logger=TensorBoardLogger(str(tmp_path), name="run"),
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        limit_val_batches=0,
+        log_every_n_steps=1,
+    )
+    module = module or tiny_module()
+    data = PromptDataModule(
+        train="digit_successor", batch_size=batch_size, num_train_prompts=64, num_val_prompts=8
+    )
+    trainer.fit(module, datamodule=data)
+    return trainer, module, recorder
