@@ -34,6 +34,7 @@ from unirl_lightning.algorithms import (
 from unirl_lightning.engines.hf import HFEngineConfig
 from unirl_lightning.models import PretrainedCausalLM, TinyCausalLM
 from unirl_lightning.modules.base import RLModule, RolloutSpec
+from unirl_lightning.rewards import ExactMatchReward, Reward, resolve_reward
 from unirl_lightning.rollout.types import ExperienceBatch, SamplingParams
 
 ADVANTAGES = ("grpo", "dr_grpo", "rloo")
@@ -52,7 +53,8 @@ class GRPOModule(RLModule):
 
     Args:
         policy: what to train; also what every rollout engine builds before weights are pushed.
-        reward: a reward object (``unirl_lightning.rewards``), or a dotted path to a callable.
+        reward: a reward object (``unirl_lightning.rewards``) or an import path ``"pkg.mod:func"`` of a
+            per-sample callable ``func(completion, record) -> float``; default: exact match.
         rollout: the engine config (default: the ``transformers`` engine on the policy).
         num_generations: completions per prompt (the group size).
         temperature / top_p / max_new_tokens: sampling; log-probs are recomputed at ``temperature``.
@@ -75,7 +77,7 @@ class GRPOModule(RLModule):
     def __init__(
         self,
         policy: TinyCausalLM | PretrainedCausalLM | None = None,
-        reward: Any = "unirl_lightning.rewards.ExactMatchReward",
+        reward: Reward | str | None = None,
         rollout: HFEngineConfig | None = None,
         num_generations: int = 8,
         temperature: float = 1.0,
@@ -120,7 +122,7 @@ class GRPOModule(RLModule):
         self.save_hyperparameters(ignore=["policy", "reward", "rollout"])
         self.policy_spec = policy or TinyCausalLM()
         self.policy, self.tokenizer = self.policy_spec.build()
-        self.reward = reward
+        self.reward = resolve_reward(reward) if reward is not None else ExactMatchReward()
         self.engine_config = rollout or HFEngineConfig()
         if getattr(self.engine_config, "policy", "unset") is None:  # engines build the trained policy
             self.engine_config = dataclasses.replace(self.engine_config, policy=self.policy_spec)

@@ -1,0 +1,87 @@
+"""LightningCLI parses real YAML: bad keys, types and impossible combinations fail at parse time."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from unirl_lightning.cli import UniRLCLI, run_cli
+
+RECIPE = Path(__file__).resolve().parents[2] / "examples" / "grpo_tiny.yaml"
+
+
+def write_recipe(tmp_path: Path, edit) -> Path:
+    config = yaml.safe_load(RECIPE.read_text())
+    edit(config)
+    path = tmp_path / "recipe.yaml"
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
+def parse_error(capsys, path: Path) -> str:
+    with pytest.raises(SystemExit) as exc:
+        run_cli(["--config", str(path)], run=False)
+    assert exc.value.code != 0
+    return capsys.readouterr().err
+
+
+def test_recipe_parses_and_builds_every_component(tmp_path):
+    cli = run_cli(["--config", str(RECIPE), f"--trainer.default_root_dir={tmp_path}"], run=False)
+    assert type(cli.trainer.strategy).__name__ == "AsyncRolloutStrategy"
+    assert cli.trainer.strategy.max_staleness == 1 and cli.trainer.strategy.max_inflight == 2
+    assert type(cli.model).__name__ == "GRPOModule"
+    assert {type(c).__name__ for c in cli.trainer.callbacks} >= {
+        "WeightSyncCallback",
+        "RolloutEvalCallback",
+        "WeightVersionLogger",
+    }
+
+
+def test_unknown_key_fails_at_parse_time_naming_the_key(tmp_path, capsys):
+    path = write_recipe(tmp_path, lambda c: c["model"]["init_args"].update(num_generatoins=8))
+    assert "num_generatoins" in parse_error(capsys, path)
+
+
+def test_wrong_type_fails_at_parse_time_naming_the_key(tmp_path, capsys):
+    path = write_recipe(tmp_path, lambda c: c["model"]["init_args"].update(lr="fast"))
+    err = parse_error(capsys, path)
+    assert "lr" in err and "fast" in err
+
+
+def test_max_inflight_zero_fails_at_parse_time_naming_the_key(tmp_path, capsys):
+    path = write_recipe(tmp_path, lambda c: c["trainer"]["strategy"]["init_args"].update(max_inflight=0))
+    err = parse_error(capsys, path)
+    assert "max_inflight" in err
+
+
+def test_colocate_with_async_settings_is_rejected_before_instantiation(tmp_path):
+    path = write_recipe(
+        tmp_path, lambda c: c["trainer"]["strategy"]["init_args"].update(placement="colocate")
+    )
+    with pytest.raises(ValueError, match="placement=colocate.*max_staleness: 0 and max_inflight: 1"):
+        run_cli(["--config", str(path)], run=False)
+
+
+def test_strategy_is_registered_by_name():
+    import unirl_lightning.strategy  # noqa: F401
+    from lightning.pytorch.strategies import StrategyRegistry
+
+    assert "async_rollout" in StrategyRegistry
+
+
+def test_print_config_shows_every_knob():
+    out = subprocess.run(
+        [sys.executable, "-m", "unirl_lightning.cli", "fit", "--config", str(RECIPE), "--print_config"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    printed = yaml.safe_load(out.stdout)
+    assert printed["trainer"]["strategy"]["init_args"]["max_staleness"] == 1
+    assert printed["model"]["init_args"]["clip_high"] == 0.2
+    assert UniRLCLI.__name__  # the console script class is importable
