@@ -67,8 +67,9 @@ def test_colocate_with_async_settings_is_rejected_before_instantiation(tmp_path)
 
 
 def test_strategy_is_registered_by_name():
-    import unirl_lightning.strategy  # noqa: F401
     from lightning.pytorch.strategies import StrategyRegistry
+
+    import unirl_lightning.strategy  # noqa: F401
 
     assert "async_rollout" in StrategyRegistry
 

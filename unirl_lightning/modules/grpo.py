@@ -18,7 +18,6 @@ from __future__ import annotations
 import copy
 import dataclasses
 import time
-from typing import Any
 
 import torch
 
