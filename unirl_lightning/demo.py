@@ -25,7 +25,9 @@ def main(argv: list[str] | None = None) -> dict:
 
     argv = list(sys.argv[1:] if argv is None else argv)
     if not RECIPE.is_file():
-        raise FileNotFoundError(f"the demo recipe is missing: {RECIPE} (run the demo from a checkout of the repo)")
+        raise FileNotFoundError(
+            f"the demo recipe is missing: {RECIPE} (run the demo from a checkout of the repo)"
+        )
     start = time.perf_counter()
     cli = run_cli(["fit", "--config", str(RECIPE), *argv])
     wall_s = time.perf_counter() - start
@@ -35,7 +37,10 @@ def main(argv: list[str] | None = None) -> dict:
     scalars = read_scalars(log_dir)
     accuracy = [v for _, v in scalars["eval/accuracy"]]
     curve = plot_curves(
-        scalars, ["rollout/reward_mean", "eval/accuracy"], log_dir / "reward_curve.png", "GRPO on a tiny Llama (CPU)"
+        scalars,
+        ["rollout/reward_mean", "eval/accuracy"],
+        log_dir / "reward_curve.png",
+        "GRPO on a tiny Llama (CPU)",
     )
     summary = {
         "eval_accuracy_start": accuracy[0],
@@ -45,7 +50,9 @@ def main(argv: list[str] | None = None) -> dict:
         "log_dir": str(log_dir),
         "reward_curve": str(curve),
     }
-    print(f"held-out accuracy: {accuracy[0]:.3f} before training -> {accuracy[-1]:.3f} after {summary['steps']} steps")
+    print(
+        f"held-out accuracy: {accuracy[0]:.3f} before training -> {accuracy[-1]:.3f} after {summary['steps']} steps"
+    )
     print(f"TensorBoard: tensorboard --logdir {log_dir.parent}    reward curve: {curve}")
     print(json.dumps(summary))
     return summary

@@ -32,7 +32,9 @@ def histogram_tags(log_dir: str | Path) -> list[str]:
     return sorted(tags)
 
 
-def plot_curves(scalars: dict[str, list[tuple[int, float]]], tags: list[str], path: str | Path, title: str) -> Path:
+def plot_curves(
+    scalars: dict[str, list[tuple[int, float]]], tags: list[str], path: str | Path, title: str
+) -> Path:
     """Draw ``tags`` against the step into a PNG at ``path``."""
     import matplotlib
 
