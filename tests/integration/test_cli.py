@@ -86,3 +86,17 @@ def test_print_config_shows_every_knob():
     assert printed["trainer"]["strategy"]["init_args"]["max_staleness"] == 1
     assert printed["model"]["init_args"]["clip_high"] == 0.2
     assert UniRLCLI.__name__  # the console script class is importable
+
+
+@pytest.mark.parametrize("recipe", ["grpo_qwen2.5_0.5b_gsm8k.yaml", "flow_grpo_sd35_pickscore.yaml"])
+def test_gpu_recipes_parse(recipe):
+    """GPU recipes name hub models, so they are only parsed here (nothing is instantiated)."""
+    path = RECIPE.parent / recipe
+    out = subprocess.run(
+        [sys.executable, "-m", "unirl_lightning.cli", "fit", "--config", str(path), "--print_config"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert yaml.safe_load(out.stdout)["model"]["class_path"].startswith("unirl_lightning.modules")
