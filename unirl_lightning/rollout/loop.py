@@ -7,11 +7,16 @@ dataloader, so Lightning's fit loop iterates it like any dataloader. Each ``next
   then poll, then drain the freshest ``groups_per_step`` groups; wait on the oldest job while the
   buffer is short.
 * diffusion (``order="poll_first"``): poll first, so a ready result is reaped before any new launch
-  (a launch must never block the transfer of a finished result), then top up, then drain.
+  (a launch must never block the transfer of a finished result), then top up, then drain; after a
+  wait on the oldest job it polls again before topping up. With one request in flight this launches
+  the next request as soon as the previous result is reaped, so it generates while this step trains.
 
 The staleness contract: a group launched under weight version ``v`` is trained only while
 ``current_version - v <= max_staleness``; older groups are evicted, counted and logged, never
-trained. ``launch_ceiling`` keeps launches from running so far ahead that they would be evicted.
+trained. Draining is freshest-first: when generation outpaces training the buffer holds more than
+one step, the freshest groups are trained and the older ones may age out (counted in
+``rollout/evicted_groups``); when generation is the bottleneck the buffer rarely holds more than
+one step, so nothing ages out. Eviction therefore only spends generation that had slack. ``launch_ceiling`` keeps launches from running so far ahead that they would be evicted.
 The loop's position (prompts handed out, launched-but-untrained requests, next gen_id, version)
 is in ``state_dict`` so that a checkpoint resumes without losing or repeating prompts.
 """
@@ -141,11 +146,12 @@ class RolloutLoop:
         """Run one RL step of the rollout policy and return the batch to train on."""
         ctl = self.controller
         ceiling = launch_ceiling(self.steps, self.sync_interval, self.max_staleness, self.num_rollouts)
-        if self.order == "poll_first":
-            self._reap()
         while True:
+            if self.order == "poll_first":  # reap what is ready (also after a wait) before any launch
+                self._reap()
             ctl.launch_until(ceiling, self.max_inflight, self._build)
-            self._reap()
+            if self.order == "launch_first":
+                self._reap()
             drained = ctl.drain_freshest(self.groups_per_step or 1, self.max_staleness)
             self._count_evicted()
             if drained is not None:
@@ -181,7 +187,7 @@ class RolloutLoop:
             self.untrained.pop(item.gen_id, None)
         staleness = [version - item.weight_version for item in drained]
         rewards = [r.reward for item in drained for r in item.group]
-        lengths = [len(r.completion_ids) for item in drained for r in item.group]
+        lengths = [len(getattr(r, "completion_ids", ())) for item in drained for r in item.group]
         overlap = 1.0 - min(1.0, self.blocked_s / self.generate_s) if self.generate_s > 0 else 0.0
         stats = {
             "rollout/reward_mean": sum(rewards) / len(rewards),
