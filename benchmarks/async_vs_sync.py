@@ -49,7 +49,10 @@ def run(mode: str, args: argparse.Namespace) -> dict[str, float]:
     strategy = AsyncRolloutStrategy(max_staleness=staleness, max_inflight=inflight)
     module = GRPOModule(
         policy=TinyCausalLM(
-            hidden_size=args.hidden, num_layers=args.layers, num_heads=4, intermediate_size=2 * args.hidden,
+            hidden_size=args.hidden,
+            num_layers=args.layers,
+            num_heads=4,
+            intermediate_size=2 * args.hidden,
             max_position_embeddings=128,
         ),
         reward=ExactMatchReward(),
@@ -88,7 +91,9 @@ def run(mode: str, args: argparse.Namespace) -> dict[str, float]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--hidden", type=int, default=128)

@@ -1,6 +1,6 @@
 """Draw the README's benchmark figures from benchmarks/results/*.json.
 
-    python benchmarks/plot.py
+python benchmarks/plot.py
 """
 
 from __future__ import annotations

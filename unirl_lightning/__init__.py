@@ -41,6 +41,14 @@ _EXPORTS = {
     "CallableReward": "unirl_lightning.rewards",
     "FormatReward": "unirl_lightning.rewards",
     "CombinedReward": "unirl_lightning.rewards",
+    "FlowGRPOModule": "unirl_lightning.modules.flow_grpo",
+    "ImagePromptDataModule": "unirl_lightning.modules.flow_grpo",
+    "DiffusionBatch": "unirl_lightning.modules.flow_grpo",
+    "DiffusionEngineConfig": "unirl_lightning.engines.diffusion",
+    "DiffusionSampling": "unirl_lightning.engines.diffusion",
+    "TinyFlowModel": "unirl_lightning.models_diffusion",
+    "SD3FlowModel": "unirl_lightning.models_diffusion",
+    "LoraSpec": "unirl_lightning.models_diffusion",
 }
 
 __all__ = sorted(_EXPORTS)

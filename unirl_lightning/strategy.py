@@ -17,6 +17,8 @@ Only Lightning's public API is used.
 from __future__ import annotations
 
 import logging
+import math
+import os
 import time
 from typing import Any
 
@@ -48,6 +50,8 @@ class AsyncRolloutStrategy(SingleDeviceStrategy):
         weight_sync: ``"object_store"`` (default), ``"collective"`` or a ``WeightSync`` instance.
         device: the training device, ``"auto"`` = ``cuda:0`` when visible else ``cpu``.
         seed: base seed of the rollout requests (request ``g`` samples with ``seed + g``).
+        trainer_threads: torch threads of the training process on CPU. None = the cores the local
+            workers leave free (at least 1), so trainer and generators do not fight over cores.
 
     Example::
 
@@ -68,6 +72,7 @@ class AsyncRolloutStrategy(SingleDeviceStrategy):
         weight_sync: str | WeightSync = "object_store",
         device: str = "auto",
         seed: int = 0,
+        trainer_threads: int | None = None,
     ) -> None:
         if max_staleness < 0:
             raise ValueError(f"max_staleness must be >= 0, got {max_staleness}")
@@ -94,6 +99,9 @@ class AsyncRolloutStrategy(SingleDeviceStrategy):
         self.placement = placement
         self.weight_sync: WeightSync = resolve_weight_sync(weight_sync)
         self.seed = seed
+        if trainer_threads is not None and trainer_threads < 1:
+            raise ValueError(f"trainer_threads must be >= 1 or None, got {trainer_threads}")
+        self.trainer_threads = trainer_threads
         self.workers: Any = None
         self.controller: BatchRolloutController | None = None
         self.loop: RolloutLoop | None = None
@@ -110,6 +118,16 @@ class AsyncRolloutStrategy(SingleDeviceStrategy):
             trainer.callbacks.append(WeightSyncCallback())
         if not any(isinstance(c, WeightVersionLogger) for c in trainer.callbacks):
             trainer.callbacks.append(WeightVersionLogger())
+        if self.root_device.type == "cpu":
+            threads = self.trainer_threads
+            if threads is None:
+                busy = (
+                    math.ceil(self.num_workers * self.num_cpus_per_worker)
+                    if not os.environ.get("RAY_ADDRESS")
+                    else 0
+                )
+                threads = max(1, (os.cpu_count() or 1) - busy)
+            torch.set_num_threads(threads)
         if self.workers is None:
             self._start_rollout(trainer.lightning_module)
 
