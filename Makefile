@@ -38,4 +38,7 @@ bench: $(STAMP)
 	$(PY) benchmarks/async_vs_sync.py
 
 clean:
-	rm -rf $(VENV) runs lightning_logs .pytest_cache
+	rm -rf $(VENV) $(VLLM_VENV) runs lightning_logs .pytest_cache
+
+# make test-vllm: the vLLM tests against a real CPU vLLM, in .venv-vllm
+include mk/vllm.mk

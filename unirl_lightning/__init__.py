@@ -48,7 +48,9 @@ _EXPORTS = {
     "DiffusionSampling": "unirl_lightning.engines.diffusion",
     "TinyFlowModel": "unirl_lightning.models_diffusion",
     "SD3FlowModel": "unirl_lightning.models_diffusion",
-    "LoraSpec": "unirl_lightning.models_diffusion",
+    "LoraSpec": "unirl_lightning.lora",
+    "VLLMEngineConfig": "unirl_lightning.engines.vllm",
+    "SGLangEngineConfig": "unirl_lightning.engines.sglang",
 }
 
 __all__ = sorted(_EXPORTS)

@@ -39,6 +39,9 @@ from typing import Any
 
 import torch
 
+from unirl_lightning.lora import LoraSpec, effective_weights  # noqa: F401  re-exported
+from unirl_lightning.lora import apply_lora as _apply_lora
+
 log = logging.getLogger(__name__)
 
 ARCHS = ("unet", "sd3")
@@ -58,51 +61,9 @@ DEFAULT_LORA_TARGETS = {
 }
 
 
-# -- LoRA ------------------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class LoraSpec:
-    """LoRA adapters on the denoiser (``peft``); only adapter tensors are trained and synced.
-
-    Args:
-        rank / alpha: adapter rank and scaling (``alpha / rank``).
-        target_modules: module-name suffixes to adapt; None = the architecture's default
-            (SD3: the attention projections, as in Flow-GRPO; UNet: the ResNet convs and time
-            projections).
-
-    Example::
-
-        FlowGRPOModule(policy=TinyFlowModel(), lora=LoraSpec(rank=4, alpha=8))
-    """
-
-    rank: int = 4
-    alpha: float = 8.0
-    target_modules: tuple[str, ...] | None = None
-
-    def __post_init__(self) -> None:
-        if self.rank < 1:
-            raise ValueError(f"LoraSpec rank must be >= 1, got {self.rank}")
-        if self.target_modules is not None:
-            object.__setattr__(self, "target_modules", tuple(self.target_modules))
-
-
 def apply_lora(denoiser: torch.nn.Module, lora: LoraSpec, arch: str) -> torch.nn.Module:
-    """Wrap ``denoiser`` in a ``peft`` model with fresh adapters (deterministic init: B = 0)."""
-    from peft import LoraConfig, get_peft_model
-
-    targets = list(lora.target_modules or DEFAULT_LORA_TARGETS[arch])
-    config = LoraConfig(r=lora.rank, lora_alpha=lora.alpha, target_modules=targets, lora_dropout=0.0)
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(0)  # lora_A is random: trainer and workers draw the same one
-        return get_peft_model(denoiser, config)
-
-
-def effective_weights(denoiser: torch.nn.Module) -> dict[str, torch.Tensor]:
-    """The weights the denoiser computes with, by the base model's names (LoRA merged in)."""
-    from peft import PeftModel
-
-    if isinstance(denoiser, PeftModel):
-        denoiser = copy.deepcopy(denoiser).merge_and_unload()
-    return {k: v.detach().cpu().clone() for k, v in denoiser.state_dict().items()}
+    """Wrap ``denoiser`` in ``peft`` LoRA with the architecture's default targets (see :mod:`unirl_lightning.lora`)."""
+    return _apply_lora(denoiser, lora, DEFAULT_LORA_TARGETS[arch])
 
 
 # -- what the engine and the module use ------------------------------------------------------------

@@ -14,9 +14,11 @@ from lightning.pytorch import Trainer, seed_everything
 from lightning.pytorch.loggers import TensorBoardLogger
 
 from tests.integration.grpo_helpers import StepRecorder
+from tests.integration.parse_only import ParseOnlyCLI, init_args
 from unirl_lightning.callbacks import RolloutEvalCallback, WeightSyncCallback, WeightVersionLogger
-from unirl_lightning.cli import UniRLCLI, run_cli
-from unirl_lightning.models_diffusion import LoraSpec, TinyFlowModel, effective_weights
+from unirl_lightning.cli import run_cli
+from unirl_lightning.lora import LoraSpec, effective_weights
+from unirl_lightning.models_diffusion import TinyFlowModel
 from unirl_lightning.modules.flow_grpo import FlowGRPOModule, ImagePromptDataModule
 from unirl_lightning.rollout.controller import BatchRolloutController
 from unirl_lightning.rollout.loop import RolloutLoop
@@ -267,20 +269,15 @@ def test_poll_first_with_one_in_flight_launches_the_next_request_before_this_ste
 
 
 # -- the recipes ---------------------------------------------------------------------------------------
-class ParseOnlyCLI(UniRLCLI):
-    def instantiate_classes(self) -> None:  # validate keys and types, build nothing (no hub download)
-        pass
-
-
 def test_gpu_recipe_parses_with_sd35_lora_pickscore_and_one_request_in_flight():
     config = ParseOnlyCLI(
         args=["--config", str(EXAMPLES / "flow_grpo_sd35_pickscore.yaml")], run=False
     ).config
     model = config.model.init_args
     assert config.model.class_path == "unirl_lightning.modules.flow_grpo.FlowGRPOModule"
-    assert model.policy.path == "stabilityai/stable-diffusion-3.5-medium"  # an SD3FlowModel (a dataclass)
+    assert init_args(model.policy).path == "stabilityai/stable-diffusion-3.5-medium"
     assert model.reward.class_path == "unirl_lightning.rewards.image.PickScoreReward"
-    assert model.lora.rank == 32 and model.eta == 0.7
+    assert init_args(model.lora).rank == 32 and model.eta == 0.7
     assert config.trainer.strategy.init_args.max_inflight == 1
 
 

@@ -16,7 +16,8 @@ from unirl_lightning.engines.diffusion import (
     DiffusionSampling,
     guided_velocity,
 )
-from unirl_lightning.models_diffusion import LoraSpec, TinyFlowModel
+from unirl_lightning.lora import LoraSpec
+from unirl_lightning.models_diffusion import TinyFlowModel
 from unirl_lightning.modules.flow_grpo import DiffusionBatch, FlowGRPOModule
 from unirl_lightning.rewards import RewardError
 from unirl_lightning.rewards.image import CallableImageReward, TargetColorReward

@@ -29,6 +29,7 @@ import numpy as np
 import torch
 
 from unirl_lightning.algorithms.flow import sde_step
+from unirl_lightning.lora import load_named_weights
 from unirl_lightning.models_diffusion import (
     FlowPipeline,
     LoraSpec,
@@ -215,28 +216,7 @@ class DiffusionEngine:
 
     # -- weights ---------------------------------------------------------------------------------
     def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], weight_version: int) -> None:
-        named = dict(named_tensors)
-        if self.config.lora is not None:
-            from peft import set_peft_model_state_dict
-
-            full = [name for name in named if ".lora_" not in name]
-            if full:
-                raise KeyError(
-                    f"this engine runs LoRA and takes adapter tensors only, got non-adapter weights {full[:3]}"
-                )
-            result = set_peft_model_state_dict(self.denoiser, named)
-            if result.unexpected_keys:
-                raise KeyError(
-                    f"adapter weights {result.unexpected_keys[:3]} are not in the engine's adapter"
-                )
-        else:
-            params = dict(self.denoiser.named_parameters())
-            params.update(dict(self.denoiser.named_buffers()))
-            with torch.no_grad():
-                for name, tensor in named.items():
-                    if name not in params:
-                        raise KeyError(f"weight {name!r} is not a parameter of the engine's denoiser")
-                    params[name].copy_(tensor.to(params[name].device, params[name].dtype))
+        load_named_weights(self.denoiser, named_tensors, self.config.lora)
         self.weight_version = weight_version
 
     def state_dict(self) -> dict[str, torch.Tensor]:

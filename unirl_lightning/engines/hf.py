@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 
+from unirl_lightning.lora import LLM_LORA_TARGETS, LoraSpec, apply_lora, effective_weights, load_named_weights
 from unirl_lightning.models import PolicySpec
 from unirl_lightning.rollout.types import Rollout, RolloutRequest
 
@@ -29,6 +30,7 @@ class HFEngineConfig:
     """
 
     policy: PolicySpec | None = None  # None = the module's policy
+    lora: LoraSpec | None = None  # filled in by the module when it trains LoRA adapters
     device: str = "auto"  # "auto" = cuda if visible, else cpu
     num_threads: int | None = 1  # torch intra-op threads in the worker (None = leave torch's default)
     max_batch_size: int = 256  # sequences per generate call
@@ -53,22 +55,19 @@ class HFEngine:
             device = "cuda" if torch.cuda.is_available() else "cpu"
         self.device = torch.device(device)
         self.model, self.tokenizer = config.policy.build()
-        self.model.to(self.device).eval()
+        if config.lora is not None:
+            self.model = apply_lora(self.model, config.lora, LLM_LORA_TARGETS)
+        self.model.to(self.device).eval().requires_grad_(False)
         self.weight_version = 0
 
     # -- weights ---------------------------------------------------------------------------------
     def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], weight_version: int) -> None:
-        params = dict(self.model.named_parameters())
-        params.update(dict(self.model.named_buffers()))
-        with torch.no_grad():
-            for name, tensor in named_tensors:
-                if name not in params:
-                    raise KeyError(f"weight {name!r} is not a parameter of the engine's model")
-                params[name].copy_(tensor.to(params[name].device, params[name].dtype))
+        load_named_weights(self.model, named_tensors, self.config.lora)
         self.weight_version = weight_version
 
     def state_dict(self) -> dict[str, torch.Tensor]:
-        return {k: v.detach().cpu().clone() for k, v in self.model.state_dict().items()}
+        """The weights the engine generates with (LoRA adapters merged in), by the base model's names."""
+        return effective_weights(self.model)
 
     def sleep(self) -> None:
         if self.device.type == "cuda":

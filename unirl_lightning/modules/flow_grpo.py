@@ -40,7 +40,8 @@ from unirl_lightning.engines.diffusion import (
     DiffusionSampling,
     guided_velocity,
 )
-from unirl_lightning.models_diffusion import LoraSpec, SD3FlowModel, TinyFlowModel, apply_lora
+from unirl_lightning.lora import LoraSpec
+from unirl_lightning.models_diffusion import SD3FlowModel, TinyFlowModel, apply_lora
 from unirl_lightning.modules.base import RLModule, RolloutSpec
 
 __all__ = ["DiffusionBatch", "FlowGRPOModule", "ImagePromptDataModule"]

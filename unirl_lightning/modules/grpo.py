@@ -30,7 +30,11 @@ from unirl_lightning.algorithms import (
     token_logprobs,
     truncated_importance_weights,
 )
+from unirl_lightning.engines import resolve_engine_config
 from unirl_lightning.engines.hf import HFEngineConfig
+from unirl_lightning.engines.sglang import SGLangEngineConfig
+from unirl_lightning.engines.vllm import VLLMEngineConfig
+from unirl_lightning.lora import LLM_LORA_TARGETS, LoraSpec, apply_lora
 from unirl_lightning.models import PretrainedCausalLM, TinyCausalLM
 from unirl_lightning.modules.base import RLModule, RolloutSpec
 from unirl_lightning.rewards import ExactMatchReward, Reward, resolve_reward
@@ -54,7 +58,9 @@ class GRPOModule(RLModule):
         policy: what to train; also what every rollout engine builds before weights are pushed.
         reward: a reward object (``unirl_lightning.rewards``) or an import path ``"pkg.mod:func"`` of a
             per-sample callable ``func(completion, record) -> float``; default: exact match.
-        rollout: the engine config (default: the ``transformers`` engine on the policy).
+        rollout: the engine: ``"hf"`` (default), ``"vllm"``, ``"sglang"`` or an engine config; its
+            policy and LoRA are filled in from this module.
+        lora: train ``peft`` LoRA adapters instead of all weights; only adapters are pushed.
         num_generations: completions per prompt (the group size).
         temperature / top_p / max_new_tokens: sampling; log-probs are recomputed at ``temperature``.
         lr / weight_decay / betas: AdamW.
@@ -77,7 +83,8 @@ class GRPOModule(RLModule):
         self,
         policy: TinyCausalLM | PretrainedCausalLM | None = None,
         reward: Reward | str | None = None,
-        rollout: HFEngineConfig | None = None,
+        rollout: HFEngineConfig | VLLMEngineConfig | SGLangEngineConfig | str | None = None,
+        lora: LoraSpec | None = None,
         num_generations: int = 8,
         temperature: float = 1.0,
         top_p: float = 1.0,
@@ -118,13 +125,20 @@ class GRPOModule(RLModule):
             raise ValueError(
                 "tis_cap needs old_logprob='recompute' (the weights are pi_trainer / pi_rollout)"
             )
-        self.save_hyperparameters(ignore=["policy", "reward", "rollout"])
+        self.save_hyperparameters(ignore=["policy", "reward", "rollout", "lora"])
         self.policy_spec = policy or TinyCausalLM()
         self.policy, self.tokenizer = self.policy_spec.build()
+        self.lora = lora
+        if lora is not None:  # only the adapters train, and only they are pushed to the engines
+            self.policy = apply_lora(self.policy, lora, LLM_LORA_TARGETS)
         self.reward = resolve_reward(reward) if reward is not None else ExactMatchReward()
-        self.engine_config = rollout or HFEngineConfig()
-        if getattr(self.engine_config, "policy", "unset") is None:  # engines build the trained policy
-            self.engine_config = dataclasses.replace(self.engine_config, policy=self.policy_spec)
+        engine = resolve_engine_config(rollout if rollout is not None else "hf")
+        if getattr(engine, "lora", None) not in (None, lora):
+            raise ValueError(
+                f"rollout.lora={engine.lora} differs from the module's lora={lora}; set it on the module only"
+            )
+        # engines build the trained policy and wrap it with the same adapters
+        self.engine_config = dataclasses.replace(engine, policy=engine.policy or self.policy_spec, lora=lora)
         self.sampling = SamplingParams(temperature=temperature, top_p=top_p, max_new_tokens=max_new_tokens)
         self.num_generations = num_generations
         self.clip_low, self.clip_high = clip_low, clip_high
@@ -151,8 +165,17 @@ class GRPOModule(RLModule):
 
     # -- Lightning hooks ------------------------------------------------------------------------
     def setup(self, stage: str) -> None:
-        if self.kl_coef > 0 and self.ref_policy is None:
+        # the KL reference: a frozen copy of the initial policy (with LoRA: the same model, adapters off)
+        if self.kl_coef > 0 and self.ref_policy is None and self.lora is None:
             self.ref_policy = copy.deepcopy(self.policy).requires_grad_(False).eval()
+
+    def reference_logprobs(self, batch: ExperienceBatch) -> torch.Tensor | None:
+        if self.kl_coef == 0:
+            return None
+        if self.lora is not None:
+            with self.policy.disable_adapter():
+                return self.sequence_logprobs(self.policy, batch)
+        return self.sequence_logprobs(self.ref_policy, batch)
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
         params = [p for p in self.policy.parameters() if p.requires_grad]
@@ -183,7 +206,7 @@ class GRPOModule(RLModule):
             prox_logp = (
                 self.sequence_logprobs(self.policy, batch) if self.old_logprob == "recompute" else None
             )
-            ref_logp = self.sequence_logprobs(self.ref_policy, batch) if self.ref_policy is not None else None
+            ref_logp = self.reference_logprobs(batch)
 
         rows = torch.arange(batch.num_rows, device=batch.input_ids.device)
         first: dict[str, torch.Tensor] = {}

@@ -1,0 +1,52 @@
+"""LoRA for LLM policies: only adapters train and travel; the workers then compute with the trainer's
+merged weights."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tests.integration.grpo_helpers import fit_tiny, tiny_module
+from unirl_lightning.lora import LoraSpec, effective_weights
+from unirl_lightning.strategy import AsyncRolloutStrategy
+
+pytestmark = pytest.mark.usefixtures("ray_local")
+
+
+def test_lora_push_is_adapter_only_and_workers_match_the_merged_trainer(tmp_path):
+    full_bytes = sum(v.numel() * v.element_size() for v in tiny_module().policy.state_dict().values())
+    strategy = AsyncRolloutStrategy(max_staleness=1, max_inflight=2)
+    module = tiny_module(lora=LoraSpec(rank=2, alpha=4), lr=1e-2, kl_coef=0.01)
+    try:
+        trainer, module, recorder = fit_tiny(tmp_path, max_steps=3, strategy=strategy, module=module)
+        assert 0 < strategy.last_sync["sync/bytes"] < 0.25 * full_bytes
+        merged = effective_weights(module.policy)
+        (worker,) = strategy.workers.call("state_dict")
+        assert worker.keys() == merged.keys()
+        changed = [
+            k
+            for k in merged
+            if "lora" not in k and not torch.equal(merged[k], tiny_module().policy.state_dict()[k])
+        ]
+        assert changed, "training the adapters should move the merged weights"
+        for name, tensor in merged.items():
+            assert torch.allclose(worker[name], tensor, atol=1e-6), (
+                f"worker's merged {name} differs from the trainer's"
+            )
+        assert all("train/kl" in s["metrics"] for s in recorder.steps)
+    finally:
+        strategy.shutdown()
+
+
+def test_engine_lora_that_differs_from_the_module_is_refused():
+    from unirl_lightning.engines.hf import HFEngineConfig
+
+    with pytest.raises(ValueError, match="rollout.lora=.*differs from the module's lora"):
+        tiny_module(lora=LoraSpec(rank=2), rollout=HFEngineConfig(lora=LoraSpec(rank=4)))
+
+
+def test_unknown_engine_name_lists_the_engines_and_the_extras():
+    with pytest.raises(
+        ValueError, match=r"unknown engine 'tgi': choose one of \['hf', 'sglang', 'vllm'\].*\[vllm\]"
+    ):
+        tiny_module(rollout="tgi")

@@ -1,0 +1,315 @@
+"""The SGLang engine: an offline ``sglang.Engine`` inside a rollout worker (a Ray actor).
+
+Called inside a worker, one call at a time, like every engine (see :mod:`unirl_lightning.engines.base`).
+Guarantees, beyond the contract:
+
+* **Log-probs.** Requests ask for ``return_logprob=True`` (output tokens only). SGLang's sampler
+  reports ``log(softmax(logits / temperature))`` of the sampled token, before top-p/top-k: the
+  distribution the trainer recomputes (greedy: temperature 1, like the HF engine). The engine must not
+  run with ``SGLANG_RETURN_ORIGINAL_LOGPROB=1`` (that reports temperature-1 log-probs); it refuses to
+  start if it is set. Completions are the token ids SGLang reports next to those log-probs, cut after
+  the first eos (kept), so ids, log-probs and ``finish_reason`` line up exactly as in the HF engine.
+* **Prompts** are tokenised here (``add_special_tokens=False``) and sent as ``input_ids``; completions
+  are decoded with the policy's tokenizer. Each record's ``n`` samples are ``n`` requests. Seeds: SGLang
+  honours per-request seeds only in deterministic mode (``deterministic=True``, i.e.
+  ``enable_deterministic_inference``): then record ``i``'s ``j``-th sample uses ``seed + i * n + j``;
+  otherwise sampling draws from the engine's ``random_seed`` stream.
+* **Full-weight updates**: generation is paused (``pause_generation(mode="retract")``), the tensors go
+  through ``Engine.update_weights_from_tensor`` in buckets of at most ``bucket_mb`` (a decoder layer is
+  never split; on CUDA each bucket is moved to the GPU first, so SGLang receives it by CUDA IPC), the
+  radix (prefix) cache is flushed with the last bucket, and generation continues. The worker does not
+  generate while it loads (one call at a time), so the pause is a guard, not a drain.
+  For a trainer that broadcasts over NCCL instead, SGLang's documented alternative is
+  ``Engine.init_weights_update_group(master_address, master_port, rank_offset, world_size, group_name)``
+  once, then per bucket ``Engine.update_weights_from_distributed(names, dtypes, shapes, group_name)``
+  while the trainer broadcasts the same tensors in the same order; the engine exposes SGLang's
+  ``Engine`` as ``self.engine`` for a weight-sync backend that wants that path.
+* **LoRA updates** (``lora`` set): the pushed tensors are the ``peft`` adapter only; each version is
+  loaded with ``Engine.load_lora_adapter_from_tensors`` under a fresh name (no file is written) and the
+  previous adapter is unloaded. Until the first adapter push the base model generates.
+* **Sleep/wake** use ``release_memory_occupation`` / ``resume_memory_occupation`` when the engine
+  runs with ``enable_memory_saver=True`` (needs ``torch_memory_saver``); otherwise both are no-ops.
+
+``sglang`` is imported only inside :meth:`SGLangEngineConfig.build`, so this module imports without
+it. SGLang has no CPU build on PyPI: its tests are in ``tests/gpu`` (``@pytest.mark.gpu``).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import tempfile
+import weakref
+from collections.abc import Iterable
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from unirl_lightning.engines.vllm import is_lora_push, layer_buckets, lora_adapter_config, materialize_policy
+from unirl_lightning.lora import LoraSpec
+from unirl_lightning.models import PolicySpec
+from unirl_lightning.rollout.types import Rollout, RolloutRequest
+
+__all__ = ["SGLangEngine", "SGLangEngineConfig", "import_sglang"]
+
+log = logging.getLogger(__name__)
+
+INSTALL_HINT = "install the extra: pip install 'unirl-lightning[sglang]' (SGLang needs a CUDA GPU)"
+
+
+def import_sglang() -> Any:
+    """``import sglang``, or an ImportError that names the extra to install."""
+    try:
+        import sglang
+    except ImportError as exc:
+        raise ImportError(f"the SGLang engine needs SGLang, which is not installed: {INSTALL_HINT}") from exc
+    return sglang
+
+
+@dataclass
+class SGLangEngineConfig:
+    """Configuration of the SGLang engine (offline ``sglang.Engine`` in the rollout worker).
+
+    Args:
+        policy: what to generate with; None = the module's policy (the module fills it in).
+        lora: LoRA adapters (rank, alpha, target modules): pushes are then adapter-only; None = full
+            weights. The module fills it in like ``policy``.
+        bucket_mb: largest weight bucket per ``update_weights_from_tensor`` call (a layer is never split).
+        mem_fraction_static: fraction of GPU memory SGLang takes for weights + KV cache.
+        tp_size: GPUs per engine (tensor parallel).
+        context_length: longest prompt + completion; None = the model's own limit.
+        dtype: None = the policy's dtype (float32 for TinyCausalLM).
+        random_seed: the engine's sampling seed.
+        deterministic: SGLang's deterministic inference (batch-invariant kernels; per-request seeds).
+        enable_memory_saver: lets ``sleep()`` release GPU memory (colocated placement).
+        engine_kwargs: anything else for ``sglang.Engine(...)`` (wins over the fields above).
+
+    Example::
+
+        GRPOModule(policy=PretrainedCausalLM("Qwen/Qwen2.5-0.5B-Instruct"),
+                   rollout=SGLangEngineConfig(mem_fraction_static=0.4))
+    """
+
+    policy: PolicySpec | None = None  # None = the module's policy
+    lora: LoraSpec | None = None
+    bucket_mb: float = 512
+    mem_fraction_static: float = 0.5
+    tp_size: int = 1
+    context_length: int | None = None
+    dtype: str | None = None
+    random_seed: int = 0
+    deterministic: bool = False
+    enable_memory_saver: bool = False
+    engine_kwargs: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.bucket_mb <= 0:
+            raise ValueError(f"bucket_mb must be > 0, got {self.bucket_mb}")
+        if not 0 < self.mem_fraction_static < 1:
+            raise ValueError(f"mem_fraction_static must be in (0, 1), got {self.mem_fraction_static}")
+        if self.lora is not None and self.lora.rank < 1:
+            raise ValueError(f"LoRA rank must be >= 1 for SGLang, got {self.lora.rank}")
+
+    def build(self) -> SGLangEngine:
+        if self.policy is None:
+            raise ValueError(
+                "SGLangEngineConfig.policy is None: give a policy spec, or let the module fill it in"
+            )
+        if os.environ.get("SGLANG_RETURN_ORIGINAL_LOGPROB", "").lower() in ("1", "true", "yes"):
+            raise ValueError(
+                "SGLANG_RETURN_ORIGINAL_LOGPROB is set: SGLang would report temperature-1 log-probs, not "
+                "the temperature-scaled ones the trainer recomputes; unset it"
+            )
+        import_sglang()
+        return SGLangEngine(self)
+
+
+class SGLangEngine:
+    """Generates groups with ``sglang.Engine.generate``; see the module docstring for the contract."""
+
+    def __init__(self, config: SGLangEngineConfig) -> None:
+        import sglang
+
+        self.config = config
+        self.weight_version = 0
+        self._tmp = tempfile.mkdtemp(prefix="unirl-sglang-")
+        self._cleanup = weakref.finalize(self, shutil.rmtree, self._tmp, True)
+        self._asleep = False
+        self._lora_name: str | None = None
+        self._lora_count = 0
+        served = materialize_policy(config.policy, self._tmp)
+        self.model_path, self.tokenizer = served.path, served.tokenizer
+        kwargs: dict[str, Any] = dict(
+            model_path=served.path,
+            tokenizer_path=served.path,
+            dtype=config.dtype or served.dtype,
+            trust_remote_code=served.trust_remote_code,
+            mem_fraction_static=config.mem_fraction_static,
+            tp_size=config.tp_size,
+            random_seed=config.random_seed,
+            log_level="error",
+        )
+        if config.context_length is not None:
+            kwargs["context_length"] = config.context_length
+        if config.deterministic:
+            kwargs["enable_deterministic_inference"] = True
+        if config.enable_memory_saver:
+            kwargs["enable_memory_saver"] = True
+        if config.lora is not None:
+            kwargs.update(
+                enable_lora=True,
+                max_lora_rank=config.lora.rank,
+                lora_target_modules=list(config.lora.target_modules or ["all"]),
+                max_loras_per_batch=2,  # the adapter and base-only requests
+            )
+        kwargs.update(config.engine_kwargs)
+        self.engine = sglang.Engine(**kwargs)
+
+    # -- weights ---------------------------------------------------------------------------------
+    @contextmanager
+    def paused(self):
+        """Pause SGLang's scheduler (running requests are retracted) and continue after the block."""
+        from sglang.srt.managers.io_struct import ContinueGenerationReqInput, PauseGenerationReqInput
+
+        manager, loop = self.engine.tokenizer_manager, self.engine.loop
+        loop.run_until_complete(manager.pause_generation(PauseGenerationReqInput(mode="retract")))
+        try:
+            yield
+        finally:
+            loop.run_until_complete(manager.continue_generation(ContinueGenerationReqInput()))
+
+    def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], weight_version: int) -> None:
+        self.wake()
+        items = list(named_tensors)
+        lora = is_lora_push(items)
+        if lora and self.config.lora is None:
+            raise ValueError(
+                "got LoRA adapter tensors but SGLangEngineConfig.lora is None: start the engine with the "
+                "policy's LoraSpec (the module fills it in when it trains LoRA)"
+            )
+        with self.paused():
+            if lora:
+                self._load_lora(items, weight_version)
+            else:
+                self._load_full(items)
+        self.weight_version = weight_version
+
+    def _load_full(self, items: list[tuple[str, torch.Tensor]]) -> None:
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+        buckets = list(layer_buckets(items, int(self.config.bucket_mb * 1024**2)))
+        for index, bucket in enumerate(buckets):
+            moved = [(name, t.to(device, non_blocking=True)) for name, t in bucket]
+            result = self.engine.update_weights_from_tensor(
+                named_tensors=moved, flush_cache=index == len(buckets) - 1
+            )
+            _check(result, f"update_weights_from_tensor (bucket {index + 1}/{len(buckets)})")
+
+    def _load_lora(self, items: list[tuple[str, torch.Tensor]], weight_version: int) -> None:
+        tensors = {name: t.detach().contiguous() for name, t in items}
+        adapter = lora_adapter_config(tensors, self.config.lora, self.model_path)
+        self._lora_count += 1
+        name = f"policy-v{weight_version}-{self._lora_count}"
+        _check(
+            self.engine.load_lora_adapter_from_tensors(name, tensors, adapter),
+            "load_lora_adapter_from_tensors",
+        )
+        previous, self._lora_name = self._lora_name, name
+        if previous is not None:
+            _check(self.engine.unload_lora_adapter(previous), "unload_lora_adapter")
+        self.engine.flush_cache()
+
+    def sleep(self) -> None:
+        if self.config.enable_memory_saver and not self._asleep:
+            self.engine.release_memory_occupation()
+            self._asleep = True
+
+    def wake(self) -> None:
+        if self._asleep:
+            self.engine.resume_memory_occupation()
+            self._asleep = False
+
+    def close(self) -> None:
+        """Shut SGLang's processes down and remove the temporary model files."""
+        engine = self.__dict__.pop("engine", None)
+        if engine is not None:
+            engine.shutdown()
+        self._cleanup()
+
+    # -- generation ------------------------------------------------------------------------------
+    def generate(self, request: RolloutRequest) -> list[list[Rollout]]:
+        self.wake()
+        sampling = request.sampling
+        tok = self.tokenizer
+        eos = tok.eos_token_id
+        prompt_ids = [tok(r["prompt"], add_special_tokens=False)["input_ids"] for r in request.records]
+        input_ids, params = [], []
+        for i, ids in enumerate(prompt_ids):
+            for j in range(request.n):
+                param: dict[str, Any] = {
+                    "temperature": sampling.temperature,  # 0 = greedy in SGLang
+                    "top_p": sampling.top_p,
+                    "max_new_tokens": sampling.max_new_tokens,
+                    "skip_special_tokens": True,
+                }
+                if sampling.stop:
+                    param["stop"] = list(sampling.stop)
+                if self.config.deterministic and request.seed is not None:
+                    param["sampling_seed"] = request.seed + i * request.n + j
+                input_ids.append(ids)
+                params.append(param)
+        kwargs: dict[str, Any] = {}
+        if self._lora_name is not None:
+            kwargs["lora_path"] = [self._lora_name] * len(input_ids)
+        outputs = self.engine.generate(
+            input_ids=input_ids, sampling_params=params, return_logprob=True, **kwargs
+        )
+        groups: list[list[Rollout]] = []
+        for i, (record, ids) in enumerate(zip(request.records, prompt_ids)):
+            group = []
+            for output in outputs[i * request.n : (i + 1) * request.n]:
+                completion, logprobs, finish = _completion(output, eos)
+                group.append(
+                    Rollout(
+                        prompt_ids=list(ids),
+                        completion_ids=completion,
+                        logprobs=logprobs,
+                        reward=0.0,
+                        finish_reason=finish,
+                        text=tok.decode(completion, skip_special_tokens=True),
+                        prompt=record["prompt"],
+                        group_id=i,
+                        gen_id=request.gen_id,
+                        weight_version=self.weight_version,
+                    )
+                )
+            groups.append(group)
+        return groups
+
+
+def _completion(output: dict[str, Any], eos: int | None) -> tuple[list[int], list[float], str]:
+    """(token ids, their log-probs, finish reason) of one SGLang output, cut after the first eos."""
+    meta = output["meta_info"]
+    pairs = [(int(token), float(logprob)) for logprob, token, *_ in meta["output_token_logprobs"]]
+    finish = meta.get("finish_reason") or {}
+    kind = finish.get("type") if isinstance(finish, dict) else str(finish)
+    if kind not in ("stop", "length"):
+        raise RuntimeError(f"SGLang finished a sample with {finish!r}")
+    tokens = [token for token, _ in pairs]
+    if eos is not None and eos in tokens:
+        cut = tokens.index(eos) + 1
+        pairs, kind = pairs[:cut], "stop"
+    return [t for t, _ in pairs], [lp for _, lp in pairs], kind
+
+
+def _check(result: Any, what: str) -> None:
+    """SGLang's control calls answer ``(success, message)`` or an object with ``success``."""
+    if isinstance(result, tuple):
+        success, message = result[0], result[1] if len(result) > 1 else ""
+    else:
+        success = getattr(result, "success", True)
+        message = getattr(result, "error_message", "") or getattr(result, "message", "")
+    if not success:
+        raise RuntimeError(f"SGLang {what} failed: {message}")

