@@ -8,7 +8,7 @@ PIP := $(VENV)/bin/pip
 CPU_TORCH := torch==2.13.0
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint bench clean
+.PHONY: demo test lint bench bench-engines clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -33,9 +33,13 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff format --check .
 
 bench: $(STAMP)
-	$(PIP) install -q -e ".[bench]"
 	$(PY) benchmarks/controller_overhead.py
 	$(PY) benchmarks/async_vs_sync.py
+	$(PY) benchmarks/flow_grpo_throughput.py
+	$(PY) benchmarks/plot.py
+
+bench-engines: $(VLLM_STAMP)
+	VLLM_ENABLE_V1_MULTIPROCESSING=0 $(VLLM_PY) benchmarks/engines.py
 
 clean:
 	rm -rf $(VENV) $(VLLM_VENV) runs lightning_logs .pytest_cache

@@ -1,6 +1,6 @@
 """Async vs synchronous GRPO on the tiny model, same steps, one process each, same machine.
 
-    python benchmarks/async_vs_sync.py [--steps 30] [--hidden 128] [--layers 4] [--max-new-tokens 12]
+    python benchmarks/async_vs_sync.py [--steps 30] [--hidden 64] [--layers 4] [--max-new-tokens 16]
 
 Synchronous = ``max_staleness=0, max_inflight=1`` (generate, then train, then sync); async =
 ``max_staleness=1, max_inflight=2`` (the next batch generates while this one trains). The trainer
@@ -96,9 +96,9 @@ def main() -> None:
     )
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--warmup", type=int, default=3)
-    parser.add_argument("--hidden", type=int, default=128)
+    parser.add_argument("--hidden", type=int, default=64)
     parser.add_argument("--layers", type=int, default=4)
-    parser.add_argument("--max-new-tokens", type=int, default=12)
+    parser.add_argument("--max-new-tokens", type=int, default=16)
     parser.add_argument("--batch", type=int, default=16, help="prompts per step")
     parser.add_argument("--group", type=int, default=8, help="samples per prompt")
     parser.add_argument("--out", default=str(Path(__file__).parent / "results" / "async_vs_sync.json"))
