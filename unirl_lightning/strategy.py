@@ -151,8 +151,6 @@ class AsyncRolloutStrategy(SingleDeviceStrategy):
         )
         # the workers start from the trainer's weights, at the current version (no bump)
         self.weight_sync.push(module.policy, self.workers, self.controller.weight_version)
-        if self.placement == "colocate":
-            self.workers.call("sleep")
 
     def _complete(self, gen_id: int, weight_version: int, result: Any) -> list[Any]:
         return self.loop.complete(gen_id, weight_version, result)
@@ -187,6 +185,8 @@ class AsyncRolloutStrategy(SingleDeviceStrategy):
     def batch_to_device(self, batch: Any, device: torch.device | None = None, dataloader_idx: int = 0) -> Any:
         if isinstance(batch, PendingBatch):  # the RL step runs here, after the previous step's sync
             batch = batch.resolve()
+            if self.placement == "colocate":  # nothing is in flight (synchronous): free the device to train
+                self.workers.call("sleep")
         return super().batch_to_device(batch, device, dataloader_idx)
 
     # -- the two verbs callbacks use ------------------------------------------------------------
@@ -205,7 +205,7 @@ class AsyncRolloutStrategy(SingleDeviceStrategy):
         stats: dict[str, Any] = {}
 
         def push(new_version: int) -> None:
-            if self.placement == "colocate":
+            if self.placement == "colocate":  # wake for the push and the next generation
                 self.workers.call("wake")
             result = self.weight_sync.push(self.lightning_module.policy, self.workers, new_version)
             stats.update(time_s=result.time_s, bytes=result.bytes)

@@ -152,3 +152,25 @@ def test_weight_sync_leaves_workers_bit_identical_to_trainer(tmp_path, backend, 
         )
     finally:
         strategy.shutdown()
+
+
+def test_colocated_engines_sleep_while_training_and_wake_for_the_push(tmp_path, monkeypatch, ray_local):
+    from unirl_lightning.workers import RolloutWorkerGroup
+
+    calls: list[str] = []
+    call = RolloutWorkerGroup.call
+
+    def recording(self, method, *args, **kwargs):
+        if method in ("sleep", "wake"):
+            calls.append(method)
+        return call(self, method, *args, **kwargs)
+
+    monkeypatch.setattr(RolloutWorkerGroup, "call", recording)
+    strategy = AsyncRolloutStrategy(max_staleness=0, max_inflight=1, placement="colocate")
+    try:
+        _, _, recorder = fit_tiny(tmp_path, max_steps=3, strategy=strategy)
+    finally:
+        strategy.shutdown()
+    assert calls == ["sleep", "wake"] * 3
+    for step in recorder.steps:
+        assert abs(step["metrics"]["train/ratio_mean"] - 1.0) < 1e-3

@@ -38,6 +38,18 @@ def collate_records(batch: list[dict]) -> list[dict]:
     return list(batch)
 
 
+def train_loader(records: list[dict], batch_size: int, shuffle: bool, seed: int) -> DataLoader:
+    """Full batches of records (the last partial batch is dropped), shuffled repeatably from ``seed``."""
+    return DataLoader(
+        records,
+        batch_size=batch_size,
+        shuffle=shuffle,
+        drop_last=True,
+        collate_fn=collate_records,
+        generator=torch.Generator().manual_seed(seed),
+    )
+
+
 def _normalise(raw: Any, prompt_key: str, answer_key: str | None, where: str) -> dict:
     if not isinstance(raw, dict):
         raise ValueError(
@@ -264,15 +276,7 @@ class PromptDataModule(LightningDataModule):
         return self._val_records  # type: ignore[return-value]
 
     def train_dataloader(self) -> DataLoader:
-        generator = torch.Generator().manual_seed(self.seed)
-        return DataLoader(
-            self.train_records(),
-            batch_size=self.batch_size,
-            shuffle=self.shuffle,
-            drop_last=True,
-            collate_fn=collate_records,
-            generator=generator,
-        )
+        return train_loader(self.train_records(), self.batch_size, self.shuffle, self.seed)
 
     def val_dataloader(self) -> DataLoader:
         return DataLoader(

@@ -21,6 +21,15 @@ import torch
 from unirl_lightning.rollout.types import Rollout, RolloutRequest
 
 
+def engine_device(device: str, num_threads: int | None) -> torch.device:
+    """Set the worker's torch threads (None = torch's default) and resolve ``"auto"`` to cuda or cpu."""
+    if num_threads:
+        torch.set_num_threads(num_threads)
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    return torch.device(device)
+
+
 @runtime_checkable
 class RolloutEngine(Protocol):
     weight_version: int

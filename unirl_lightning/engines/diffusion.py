@@ -29,6 +29,7 @@ import numpy as np
 import torch
 
 from unirl_lightning.algorithms.flow import sde_step
+from unirl_lightning.engines.base import engine_device
 from unirl_lightning.lora import load_named_weights
 from unirl_lightning.models_diffusion import (
     FlowPipeline,
@@ -200,13 +201,8 @@ class DiffusionEngine:
     """Samples image groups with the Flow-GRPO SDE; see the module docstring for the contract."""
 
     def __init__(self, config: DiffusionEngineConfig) -> None:
-        if config.num_threads:
-            torch.set_num_threads(config.num_threads)
         self.config = config
-        device = config.device
-        if device == "auto":
-            device = "cuda" if torch.cuda.is_available() else "cpu"
-        self.device = torch.device(device)
+        self.device = engine_device(config.device, config.num_threads)
         self.pipeline = config.policy.build()
         if config.lora is not None:
             self.pipeline.denoiser = apply_lora(self.pipeline.denoiser, config.lora, self.pipeline.arch)

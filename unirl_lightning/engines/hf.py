@@ -8,16 +8,19 @@ log-probs at temperature 1.
 
 from __future__ import annotations
 
-import time
+import logging
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
+from unirl_lightning.engines.base import engine_device
 from unirl_lightning.lora import LLM_LORA_TARGETS, LoraSpec, apply_lora, effective_weights, load_named_weights
 from unirl_lightning.models import PolicySpec
 from unirl_lightning.rollout.types import Rollout, RolloutRequest
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -47,13 +50,8 @@ class HFEngine:
     """Generates groups with ``model.generate``; see the module docstring for the log-prob contract."""
 
     def __init__(self, config: HFEngineConfig) -> None:
-        if config.num_threads:
-            torch.set_num_threads(config.num_threads)
         self.config = config
-        device = config.device
-        if device == "auto":
-            device = "cuda" if torch.cuda.is_available() else "cpu"
-        self.device = torch.device(device)
+        self.device = engine_device(config.device, config.num_threads)
         self.model, self.tokenizer = config.policy.build()
         if config.lora is not None:
             self.model = apply_lora(self.model, config.lora, LLM_LORA_TARGETS)
@@ -70,9 +68,11 @@ class HFEngine:
         return effective_weights(self.model)
 
     def sleep(self) -> None:
-        if self.device.type == "cuda":
-            self.model.to("cpu")
-            torch.cuda.empty_cache()
+        if self.device.type != "cuda":
+            log.info("HF engine on %s: sleep is a no-op (nothing to free)", self.device)
+            return
+        self.model.to("cpu")
+        torch.cuda.empty_cache()
 
     def wake(self) -> None:
         self.model.to(self.device)
@@ -150,9 +150,3 @@ class HFEngine:
             return tokens[: tokens.index(eos) + 1], "stop"
         # no eos: generate ran this row to max_new_tokens (rows stop only at eos or the limit)
         return tokens, "length"
-
-
-def timed_generate(engine, request: RolloutRequest) -> tuple[list[list[Rollout]], float]:
-    start = time.perf_counter()
-    groups = engine.generate(request)
-    return groups, time.perf_counter() - start

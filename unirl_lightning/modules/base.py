@@ -6,6 +6,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+import torch
 from lightning.pytorch import LightningModule
 
 from unirl_lightning.rollout.types import ExperienceBatch, SamplingParams
@@ -38,6 +39,17 @@ class RLModule(LightningModule):
 
     def eval_sampling(self, temperature: float, max_new_tokens: int | None) -> Any:  # pragma: no cover
         raise NotImplementedError
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        """AdamW over the trainable parameters of ``self.policy`` (with LoRA: the adapters), from the
+        ``lr`` / ``weight_decay`` / ``betas`` hyper-parameters of the subclass."""
+        params = [p for p in self.policy.parameters() if p.requires_grad]
+        return torch.optim.AdamW(
+            params,
+            lr=self.hparams.lr,
+            weight_decay=self.hparams.weight_decay,
+            betas=tuple(self.hparams.betas),
+        )
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         strategy = self.trainer.strategy

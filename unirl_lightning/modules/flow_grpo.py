@@ -33,7 +33,8 @@ from lightning.pytorch import LightningDataModule
 from torch.utils.data import DataLoader
 
 from unirl_lightning.algorithms import group_advantages, ppo_clip_loss, sde_step
-from unirl_lightning.data import collate_records, load_records
+from unirl_lightning.data import load_records
+from unirl_lightning.data.datamodule import train_loader
 from unirl_lightning.engines.diffusion import (
     DiffusionEngineConfig,
     DiffusionRollout,
@@ -43,6 +44,7 @@ from unirl_lightning.engines.diffusion import (
 from unirl_lightning.lora import LoraSpec
 from unirl_lightning.models_diffusion import SD3FlowModel, TinyFlowModel, apply_lora
 from unirl_lightning.modules.base import RLModule, RolloutSpec
+from unirl_lightning.rollout.types import common_group_size
 
 __all__ = ["DiffusionBatch", "FlowGRPOModule", "ImagePromptDataModule"]
 
@@ -99,14 +101,7 @@ class DiffusionBatch:
         stats: dict[str, float] | None = None,
     ) -> DiffusionBatch:
         """Stack scored groups (all of one size, all with the same recorded steps) into one batch."""
-        if not groups:
-            raise ValueError("cannot collate an empty list of groups")
-        group_size = len(groups[0])
-        if any(len(g) != group_size for g in groups):
-            sizes = sorted({len(g) for g in groups})
-            raise ValueError(
-                f"every group must have the same size to compute group advantages, got sizes {sizes}"
-            )
+        group_size = common_group_size(groups)
         rows = [r for g in groups for r in g]
         steps = {tuple(r.latents.shape) for r in rows}
         if len(steps) != 1:
@@ -218,14 +213,7 @@ class ImagePromptDataModule(LightningDataModule):
         return self.train_records()[: self.num_val_prompts]
 
     def train_dataloader(self) -> DataLoader:
-        return DataLoader(
-            self.train_records(),
-            batch_size=self.batch_size,
-            shuffle=self.shuffle,
-            drop_last=True,
-            collate_fn=collate_records,
-            generator=torch.Generator().manual_seed(self.seed),
-        )
+        return train_loader(self.train_records(), self.batch_size, self.shuffle, self.seed)
 
 
 MAX_INFLIGHT_REASON = (
@@ -390,15 +378,6 @@ class FlowGRPOModule(RLModule):
         self.pipeline.to(self.device)  # the frozen parts (text encoders, VAE) that Lightning does not move
         if self.ref_policy is not None:
             self.ref_policy.to(self.device)
-
-    def configure_optimizers(self) -> torch.optim.Optimizer:
-        params = [p for p in self.policy.parameters() if p.requires_grad]
-        return torch.optim.AdamW(
-            params,
-            lr=self.hparams.lr,
-            weight_decay=self.hparams.weight_decay,
-            betas=tuple(self.hparams.betas),
-        )
 
     def on_train_start(self) -> None:
         self._log_samples("before")

@@ -177,15 +177,6 @@ class GRPOModule(RLModule):
                 return self.sequence_logprobs(self.policy, batch)
         return self.sequence_logprobs(self.ref_policy, batch)
 
-    def configure_optimizers(self) -> torch.optim.Optimizer:
-        params = [p for p in self.policy.parameters() if p.requires_grad]
-        return torch.optim.AdamW(
-            params,
-            lr=self.hparams.lr,
-            weight_decay=self.hparams.weight_decay,
-            betas=tuple(self.hparams.betas),
-        )
-
     def sequence_logprobs(self, model: torch.nn.Module, batch: ExperienceBatch) -> torch.Tensor:
         """Log-prob of every next token, ``[N, L-1]``, at the sampling temperature."""
         logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits

@@ -16,6 +16,18 @@ from typing import Any
 import torch
 
 
+def common_group_size(groups: list[list[Any]]) -> int:
+    """The size every group shares (group advantages need one), or a ValueError naming the sizes."""
+    if not groups:
+        raise ValueError("cannot collate an empty list of groups")
+    sizes = {len(g) for g in groups}
+    if len(sizes) != 1:
+        raise ValueError(
+            f"every group must have the same size to compute group advantages, got sizes {sorted(sizes)}"
+        )
+    return len(groups[0])
+
+
 @dataclass(frozen=True)
 class SamplingParams:
     """How an engine samples completions.
@@ -130,14 +142,7 @@ class ExperienceBatch:
     @classmethod
     def collate(cls, groups: list[list[Rollout]], pad_token_id: int, stats: dict[str, float] | None = None):
         """Collate scored groups (all of one size) into padded tensors."""
-        if not groups:
-            raise ValueError("cannot collate an empty list of groups")
-        group_size = len(groups[0])
-        if any(len(g) != group_size for g in groups):
-            sizes = sorted({len(g) for g in groups})
-            raise ValueError(
-                f"every group must have the same size to compute group advantages, got sizes {sizes}"
-            )
+        group_size = common_group_size(groups)
         rows = [r for g in groups for r in g]
         length = max(len(r.prompt_ids) + len(r.completion_ids) for r in rows)
         num = len(rows)
