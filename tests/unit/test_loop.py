@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from unirl_lightning.rollout.controller import BatchRolloutController
 from unirl_lightning.rollout.loop import PendingBatch, RolloutLoop
@@ -149,3 +151,59 @@ def test_bad_order_is_refused_naming_the_allowed_values():
             pad_token_id=0,
             order="sideways",
         )
+
+
+class Slow:
+    """Ready only after ``delay`` polls (or a wait): generation that takes a while."""
+
+    def __init__(self, value, delay):
+        self.value, self.delay = value, delay
+
+    def ready(self):
+        self.delay -= 1
+        return self.delay < 0
+
+    def wait(self):
+        self.delay = -1
+
+    def result(self):
+        return self.value
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    max_staleness=st.integers(0, 2),
+    max_inflight=st.integers(1, 4),
+    sync_interval=st.integers(1, 3),
+    delays=st.lists(st.integers(0, 3), min_size=12, max_size=12),
+)
+def test_any_cadence_trains_within_the_budget_and_never_starves(
+    max_staleness, max_inflight, sync_interval, delays
+):
+    holder = {}
+
+    def launch(request):
+        return Slow(fake_generate(request).value, delays[request.gen_id % len(delays)])
+
+    ctl = BatchRolloutController(launch, complete=lambda g, v, res: holder["loop"].complete(g, v, res))
+    loop = RolloutLoop(
+        batches(4) * 10,
+        ctl,
+        num_generations=2,
+        sampling=SamplingParams(max_new_tokens=1),
+        max_staleness=max_staleness,
+        max_inflight=max_inflight,
+        sync_interval=sync_interval,
+        pad_token_id=0,
+    )
+    holder["loop"] = loop
+    trained = []
+    for step in range(10):
+        batch = loop.next_batch()  # never raises: the launch ceiling always leaves something to train
+        assert int((ctl.weight_version - batch.weight_versions).max()) <= max_staleness
+        trained += sorted(set(batch.gen_ids.tolist()))
+        if (step + 1) % sync_interval == 0:  # WeightSyncCallback's cadence
+            ctl.quiesce()
+            ctl.sync_weights(lambda version: None)
+    assert len(trained) == len(set(trained))
+    assert set(range(ctl.next_gen_id)) == set(trained) | set(loop.evicted_gen_ids) | set(loop.untrained)
