@@ -51,6 +51,13 @@ class RLModule(LightningModule):
             betas=tuple(self.hparams.betas),
         )
 
+    def log_rollout_stats(self, batch: Any) -> None:
+        """Log the loop's per-step rollout/perf figures, the reward on the progress bar (versions and
+        staleness are the ``WeightVersionLogger``'s)."""
+        n = batch.num_rows
+        self.log("rollout/reward_mean", batch.stats["rollout/reward_mean"], prog_bar=True, batch_size=n)
+        self.log_dict({k: v for k, v in batch.stats.items() if k != "rollout/reward_mean"}, batch_size=n)
+
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         strategy = self.trainer.strategy
         if hasattr(strategy, "rollout_state_dict"):

@@ -475,18 +475,8 @@ class FlowGRPOModule(RLModule):
                     first["ratio_dev_max"] = torch.stack([m["ratio_dev_max"] for m in per_step]).max()
 
         n = batch.num_rows
-        self.log(
-            "rollout/reward_mean",
-            batch.stats.get("rollout/reward_mean", batch.rewards.mean()),
-            prog_bar=True,
-            batch_size=n,
-        )
+        self.log_rollout_stats(batch)
         self.log("rollout/reward_std", batch.rewards.std(), batch_size=n)
-        skip = ("rollout/reward_mean", "rollout/completion_len")
-        self.log_dict(
-            {k: v for k, v in batch.stats.items() if k not in skip and not k.startswith("rollout/staleness")},
-            batch_size=n,
-        )
         self.log_dict({f"train/{k}": v for k, v in first.items()}, batch_size=n)
         self.log("perf/train_time_s", time.perf_counter() - start, batch_size=n)
         return first["loss"]

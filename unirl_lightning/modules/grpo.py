@@ -236,20 +236,7 @@ class GRPOModule(RLModule):
                     first["logp_diff_abs"] = masked_mean((logp.detach() - rollout_logp[mb]).abs(), mask[mb])
 
         n = batch.num_rows
-        self.log(
-            "rollout/reward_mean",
-            batch.stats.get("rollout/reward_mean", batch.rewards.mean()),
-            prog_bar=True,
-            batch_size=n,
-        )
-        self.log_dict(
-            {
-                k: v
-                for k, v in batch.stats.items()
-                if k != "rollout/reward_mean" and not k.startswith("rollout/staleness")
-            },
-            batch_size=n,
-        )
+        self.log_rollout_stats(batch)
         self.log_dict({f"train/{k}": v for k, v in first.items()}, batch_size=n)
         self.log("perf/train_time_s", time.perf_counter() - start, batch_size=n)
         return first["loss"]

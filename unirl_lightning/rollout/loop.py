@@ -182,24 +182,23 @@ class RolloutLoop:
         return result["groups"]
 
     def _make_batch(self, drained: list[StampedGroup]) -> ExperienceBatch:
-        version = self.controller.weight_version
         for item in drained:
             self.untrained.pop(item.gen_id, None)
-        staleness = [version - item.weight_version for item in drained]
         rewards = [r.reward for item in drained for r in item.group]
-        lengths = [len(getattr(r, "completion_ids", ())) for item in drained for r in item.group]
+        lengths = [
+            len(r.completion_ids) for item in drained for r in item.group if hasattr(r, "completion_ids")
+        ]
         overlap = 1.0 - min(1.0, self.blocked_s / self.generate_s) if self.generate_s > 0 else 0.0
         stats = {
             "rollout/reward_mean": sum(rewards) / len(rewards),
-            "rollout/completion_len": sum(lengths) / len(lengths),
             "rollout/evicted_groups": float(self.evicted_groups),
             "rollout/inflight": float(self.controller.inflight),
             "perf/generate_time_s": self.generate_s,
             "perf/wait_time_s": self.blocked_s,
             "perf/overlap": overlap,
         }
-        stats["rollout/staleness_mean"] = sum(staleness) / len(staleness)
-        stats["rollout/staleness_max"] = float(max(staleness))
+        if lengths:  # token rollouts (images have no length)
+            stats["rollout/completion_len"] = sum(lengths) / len(lengths)
         batch = self.collate([item.group for item in drained], self.pad_token_id, stats)
         self.steps += 1
         self.blocked_s = 0.0
