@@ -35,6 +35,21 @@ class StepRecorder(Callback):
         self.steps[-1]["metrics"] = metrics
 
 
+def make_trainer(tmp_path, strategy, max_steps: int, callbacks: list) -> Trainer:
+    """A quiet Trainer that logs every step to TensorBoard under ``tmp_path``."""
+    return Trainer(
+        strategy=strategy,
+        max_steps=max_steps,
+        callbacks=callbacks,
+        logger=TensorBoardLogger(str(tmp_path), name="run"),
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        limit_val_batches=0,
+        log_every_n_steps=1,
+    )
+
+
 def tiny_module(**overrides: Any) -> GRPOModule:
     kwargs = dict(
         policy=TinyCausalLM(hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64),
@@ -68,17 +83,7 @@ def fit_tiny(
     if eval_every:
         callbacks.append(RolloutEvalCallback(every_n_steps=eval_every, num_prompts=8))
     callbacks += extra_callbacks or []
-    trainer = Trainer(
-        strategy=strategy,
-        max_steps=max_steps,
-        callbacks=callbacks,
-        logger=TensorBoardLogger(str(tmp_path), name="run"),
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        limit_val_batches=0,
-        log_every_n_steps=1,
-    )
+    trainer = make_trainer(tmp_path, strategy, max_steps, callbacks)
     module = module or tiny_module()
     data = PromptDataModule(
         train="digit_successor", batch_size=batch_size, num_train_prompts=64, num_val_prompts=8

@@ -10,10 +10,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from lightning.pytorch import Trainer, seed_everything
-from lightning.pytorch.loggers import TensorBoardLogger
+from lightning.pytorch import seed_everything
 
-from tests.integration.grpo_helpers import StepRecorder
+from tests.integration.grpo_helpers import StepRecorder, make_trainer
 from tests.integration.parse_only import ParseOnlyCLI, init_args
 from unirl_lightning.callbacks import RolloutEvalCallback, WeightSyncCallback, WeightVersionLogger
 from unirl_lightning.cli import run_cli
@@ -47,20 +46,6 @@ def tiny_module(policy: TinyFlowModel, **overrides) -> FlowGRPOModule:
     )
     kwargs.update(overrides)
     return FlowGRPOModule(**kwargs)
-
-
-def make_trainer(tmp_path, strategy, max_steps, callbacks) -> Trainer:
-    return Trainer(
-        strategy=strategy,
-        max_steps=max_steps,
-        callbacks=callbacks,
-        logger=TensorBoardLogger(str(tmp_path), name="run"),
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        limit_val_batches=0,
-        log_every_n_steps=1,
-    )
 
 
 # -- on-policy: ratio pin, read-only eval, full-weight sync equality, sample images ---------------
