@@ -9,7 +9,6 @@ colocated placement with async settings) are rejected before anything is instant
 
 from __future__ import annotations
 
-import sys
 from typing import Any
 
 from lightning.pytorch import LightningDataModule
@@ -63,7 +62,7 @@ def run_cli(args: list[str] | None = None, **kwargs: Any) -> UniRLCLI:
     """Build and run the CLI; returns it (its ``trainer``, ``model``, ``datamodule``)."""
     import unirl_lightning.strategy  # noqa: F401  registers "async_rollout" with Lightning
 
-    return UniRLCLI(args=args if args is not None else sys.argv[1:], **kwargs)
+    return UniRLCLI(args=args, **kwargs)  # None: LightningCLI reads sys.argv itself
 
 
 def main(args: list[str] | None = None) -> None:
