@@ -16,6 +16,7 @@ __version__ = "0.1.0"
 _EXPORTS = {
     "AsyncRolloutStrategy": "unirl_lightning.strategy",
     "GRPOModule": "unirl_lightning.modules",
+    "PPOModule": "unirl_lightning.modules",
     "RLModule": "unirl_lightning.modules",
     "RolloutSpec": "unirl_lightning.modules",
     "WeightSyncCallback": "unirl_lightning.callbacks",

@@ -1,0 +1,216 @@
+"""PPOModule: actor-critic PPO with token-level GAE for causal LMs, in Lightning.
+
+``training_step`` receives an :class:`~unirl_lightning.rollout.types.ExperienceBatch` from the
+strategy's RolloutLoop and runs, in this order: critic values ``V(s_t)`` for every completion token ->
+the sequence's reward placed on its last completion token -> GAE advantages and returns (Schulman et
+al. 2016) -> advantage whitening over the valid tokens -> ``ppo_epochs`` x mini-batches of [recompute
+log-probs and values -> PPO-clip loss + ``vf_coef`` x clipped value loss (+ KL to a frozen reference)
+-> backward -> clip -> step]. All math is in :mod:`unirl_lightning.algorithms` or named below.
+
+Contract: the critic (:class:`ValueModel`) is a second copy of the policy's backbone, built from the
+same policy spec, with a scalar head on the last hidden state. It lives in ``self.critic``, never in
+``self.policy``, so the strategy pushes the policy alone to the rollout workers; it is in the module's
+``state_dict`` (checkpoints) and in the one AdamW optimizer (its own param group at ``critic_lr``).
+Everything else (policy, reward, engine, sampling, KL reference, ``old_logprob`` / ``tis_cap``) is
+:class:`~unirl_lightning.modules.grpo.GRPOModule`'s, whose arguments PPOModule takes as they are,
+except ``advantage``. Bad arguments raise ``ValueError`` naming the argument, the value and what is
+allowed, before any model is built.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import torch
+
+from unirl_lightning.algorithms import (
+    clipped_value_loss,
+    explained_variance,
+    gae_advantages,
+    kl_penalty,
+    last_token_rewards,
+    masked_mean,
+    masked_whiten,
+    ppo_clip_loss,
+    truncated_importance_weights,
+)
+from unirl_lightning.lora import LLM_LORA_TARGETS, apply_lora
+from unirl_lightning.modules.grpo import GRPOModule
+from unirl_lightning.rollout.types import ExperienceBatch
+
+__all__ = ["PPOModule", "ValueModel"]
+
+
+class ValueModel(torch.nn.Module):
+    """The critic: a causal LM's decoder (no LM head) with a linear value head on the last hidden state.
+
+    ``forward`` returns ``V`` at every position, ``[N, L]``, float32 whatever the backbone's dtype. The
+    head starts at zero (``V = 0`` everywhere), so the first advantages are the plain returns.
+    """
+
+    def __init__(self, backbone: torch.nn.Module, hidden_size: int) -> None:
+        super().__init__()
+        self.backbone = backbone
+        self.value_head = torch.nn.Linear(hidden_size, 1)
+        torch.nn.init.zeros_(self.value_head.weight)
+        torch.nn.init.zeros_(self.value_head.bias)
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        hidden = self.backbone(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+        return self.value_head(hidden.to(self.value_head.weight.dtype)).squeeze(-1)
+
+
+class PPOModule(GRPOModule):
+    """PPO (Schulman et al. 2017) with a learned critic and token-level GAE, for causal LMs.
+
+    Args:
+        gamma: GAE discount over completion tokens, in ``[0, 1]``; 1 is usual for LMs (one reward
+            per sequence, on its last token).
+        lam: GAE lambda, in ``[0, 1]``: 1 = Monte-Carlo returns minus ``V``, 0 = one-step TD.
+        vf_coef: weight of the value loss in ``loss = pg_loss + vf_coef * vf_loss (+ kl_coef * kl)``, ``>= 0``.
+        value_clip: clip the new values to ``old_values +- value_clip`` in the value loss (PPO2);
+            ``None`` = unclipped. ``> 0``.
+        critic_lr: learning rate of the critic's param group; ``None`` = ``lr``.
+        whiten_advantages: normalise the GAE advantages to mean 0 / std 1 over the batch's valid tokens.
+        **kwargs: every :class:`GRPOModule` argument (``policy``, ``reward``, ``rollout``, ``lora``,
+            ``num_generations``, sampling, AdamW, ``clip_low``/``clip_high``, ``loss_aggregation``
+            (also used for the value loss), ``kl_coef``/``kl_estimator``, ``old_logprob``/``tis_cap``,
+            ``ppo_epochs``/``mini_batches``, ``max_grad_norm``) except ``advantage``: advantages come
+            from the critic, so ``num_generations`` may be 1. With ``lora``, the critic's backbone gets
+            the same adapters (only they and the value head train).
+
+    Example::
+
+        module = PPOModule(policy=TinyCausalLM(), reward=ExactMatchReward(), num_generations=4,
+                           max_new_tokens=2, lr=3e-3, gamma=1.0, lam=0.95, vf_coef=0.1)
+    """
+
+    def __init__(
+        self,
+        gamma: float = 1.0,
+        lam: float = 0.95,
+        vf_coef: float = 0.1,
+        value_clip: float | None = 0.2,
+        critic_lr: float | None = None,
+        whiten_advantages: bool = True,
+        **kwargs: Any,
+    ) -> None:
+        if "advantage" in kwargs:
+            raise ValueError(
+                f"PPOModule estimates advantages with GAE and a critic (gamma, lam); advantage="
+                f"{kwargs['advantage']!r} is a GRPOModule argument, leave it out"
+            )
+        for key, value in (("gamma", gamma), ("lam", lam)):
+            if not 0.0 <= value <= 1.0:
+                raise ValueError(f"{key} must be in [0, 1], got {value!r}")
+        if vf_coef < 0:
+            raise ValueError(f"vf_coef must be >= 0, got {vf_coef!r}")
+        if value_clip is not None and value_clip <= 0:
+            raise ValueError(f"value_clip must be > 0 or None (unclipped), got {value_clip!r}")
+        if critic_lr is not None and critic_lr <= 0:
+            raise ValueError(f"critic_lr must be > 0 or None (= lr), got {critic_lr!r}")
+        # "dr_grpo" only opts out of GRPO's num_generations >= 2 check; group advantages are never used
+        super().__init__(advantage="dr_grpo", **kwargs)
+        self.hparams.pop("advantage", None)
+        self.advantage = "gae"
+        self.gamma, self.lam = gamma, lam
+        self.vf_coef, self.value_clip = vf_coef, value_clip
+        self.critic_lr = critic_lr if critic_lr is not None else self.hparams.lr
+        self.whiten_advantages = whiten_advantages
+        # the critic: a second backbone from the same spec (same init), not part of self.policy
+        model, _ = self.policy_spec.build()
+        backbone = model.base_model  # the decoder without its LM head (LlamaModel for LlamaForCausalLM)
+        if self.lora is not None:
+            backbone = apply_lora(backbone, self.lora, LLM_LORA_TARGETS)
+        self.critic = ValueModel(backbone, model.config.hidden_size)
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        """RLModule's AdamW over the policy, plus the critic's trainable parameters as a second param
+        group at ``critic_lr`` (one optimizer: one step, one gradient clip over both)."""
+        optimizer = super().configure_optimizers()
+        optimizer.add_param_group(
+            {"params": [p for p in self.critic.parameters() if p.requires_grad], "lr": self.critic_lr}
+        )
+        return optimizer
+
+    def token_values(self, batch: ExperienceBatch) -> torch.Tensor:
+        """``V(s_t)`` for the state that emits token ``t + 1``, ``[N, L-1]``, aligned with ``sequence_logprobs``."""
+        return self.critic(input_ids=batch.input_ids, attention_mask=batch.attention_mask)[:, :-1]
+
+    def training_step(self, batch: ExperienceBatch, batch_idx: int) -> torch.Tensor:
+        start = time.perf_counter()
+        optimizer = self.optimizers()
+        mask = batch.response_mask[:, 1:]
+        rollout_logp = batch.rollout_logprobs[:, 1:]
+        with torch.no_grad():
+            old_values = self.token_values(batch)
+            prox_logp = (
+                self.sequence_logprobs(self.policy, batch) if self.old_logprob == "recompute" else None
+            )
+            ref_logp = self.reference_logprobs(batch)
+        rewards = last_token_rewards(batch.rewards, mask)  # one score per sequence, on its last token
+        advantages, returns = gae_advantages(rewards, old_values, mask, self.gamma, self.lam)
+        if self.whiten_advantages:
+            advantages = masked_whiten(advantages, mask)
+
+        rows = torch.arange(batch.num_rows, device=batch.input_ids.device)
+        first: dict[str, torch.Tensor] = {}
+        for _epoch in range(self.ppo_epochs):
+            for mb in rows.chunk(self.mini_batches):
+                minibatch = batch.select(mb)
+                logp = self.sequence_logprobs(self.policy, minibatch)
+                old_logp = rollout_logp[mb] if prox_logp is None else prox_logp[mb]
+                is_weights = None
+                if self.tis_cap is not None:
+                    is_weights = truncated_importance_weights(
+                        prox_logp[mb], rollout_logp[mb], mask[mb], self.tis_cap
+                    )
+                pg_loss, metrics = ppo_clip_loss(
+                    logp,
+                    old_logp,
+                    advantages[mb],
+                    mask[mb],
+                    self.clip_low,
+                    self.clip_high,
+                    self.loss_aggregation,
+                    is_weights,
+                )
+                new_values = self.token_values(minibatch)
+                vf_loss, vf_clip_fraction = clipped_value_loss(
+                    new_values, old_values[mb], returns[mb], mask[mb], self.value_clip, self.loss_aggregation
+                )
+                loss = pg_loss + self.vf_coef * vf_loss
+                if ref_logp is not None:
+                    kl = masked_mean(kl_penalty(logp, ref_logp[mb], self.kl_estimator), mask[mb])
+                    loss = loss + self.kl_coef * kl
+                    metrics["kl"] = kl.detach()
+                optimizer.zero_grad()
+                self.manual_backward(loss)
+                if self.max_grad_norm > 0:
+                    self.clip_gradients(
+                        optimizer, gradient_clip_val=self.max_grad_norm, gradient_clip_algorithm="norm"
+                    )
+                optimizer.step()
+                if not first:  # the first mini-batch is the one taken before any update of this step
+                    first = {
+                        **metrics,
+                        "loss": loss.detach(),
+                        "pg_loss": pg_loss.detach(),
+                        "vf_loss": vf_loss.detach(),
+                        "vf_clip_fraction": vf_clip_fraction,
+                        "logp_diff_abs": masked_mean((logp.detach() - rollout_logp[mb]).abs(), mask[mb]),
+                    }
+
+        n = batch.num_rows
+        self.log_rollout_stats(batch)
+        self.log_dict({f"train/{k}": v for k, v in first.items()}, batch_size=n)
+        self.log_dict(
+            {
+                "train/value_mean": masked_mean(old_values, mask),
+                "train/explained_variance": explained_variance(old_values, returns, mask),
+            },
+            batch_size=n,
+        )
+        self.log("perf/train_time_s", time.perf_counter() - start, batch_size=n)
+        return first["loss"]
