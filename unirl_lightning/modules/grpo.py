@@ -18,6 +18,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import time
+from typing import Any
 
 import torch
 
@@ -187,12 +188,51 @@ class GRPOModule(RLModule):
             return rloo_advantages(rewards, group_size)
         return group_advantages(rewards, group_size, normalize="std" if self.advantage == "grpo" else "mean")
 
+    def policy_loss(
+        self,
+        minibatch: ExperienceBatch,
+        advantages: torch.Tensor,
+        prox_logp: torch.Tensor | None,
+        ref_logp: torch.Tensor | None,
+    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """PPO-clip loss (+ ``kl_coef`` x KL to the reference) of one mini-batch, with its metrics.
+
+        ``advantages`` are per row ``[B]`` or per token ``[B, L-1]``; ``prox_logp`` (the trainer's
+        log-probs before this step, ``old_logprob="recompute"``) and ``ref_logp`` are this
+        mini-batch's rows, or None.
+        """
+        mask = minibatch.response_mask[:, 1:]
+        rollout_logp = minibatch.rollout_logprobs[:, 1:]
+        logp = self.sequence_logprobs(self.policy, minibatch)
+        old_logp = rollout_logp if prox_logp is None else prox_logp
+        is_weights = None
+        if self.tis_cap is not None:  # pi_trainer / pi_rollout, truncated (TIS)
+            is_weights = truncated_importance_weights(prox_logp, rollout_logp, mask, self.tis_cap)
+        pg_loss, metrics = ppo_clip_loss(
+            logp, old_logp, advantages, mask, self.clip_low, self.clip_high, self.loss_aggregation, is_weights
+        )
+        metrics["pg_loss"] = pg_loss.detach()
+        metrics["logp_diff_abs"] = masked_mean((logp.detach() - rollout_logp).abs(), mask)
+        if ref_logp is None:
+            return pg_loss, metrics
+        kl = masked_mean(kl_penalty(logp, ref_logp, self.kl_estimator), mask)
+        metrics["kl"] = kl.detach()
+        return pg_loss + self.kl_coef * kl, metrics
+
+    def optimizer_step(self, optimizer: Any, loss: torch.Tensor) -> None:
+        """zero_grad -> backward -> clip (through Lightning) -> step."""
+        optimizer.zero_grad()
+        self.manual_backward(loss)
+        if self.max_grad_norm > 0:
+            self.clip_gradients(
+                optimizer, gradient_clip_val=self.max_grad_norm, gradient_clip_algorithm="norm"
+            )
+        optimizer.step()
+
     def training_step(self, batch: ExperienceBatch, batch_idx: int) -> torch.Tensor:
         start = time.perf_counter()
         optimizer = self.optimizers()
         batch.advantages = self.compute_advantages(batch.rewards, batch.group_size)
-        mask = batch.response_mask[:, 1:]
-        rollout_logp = batch.rollout_logprobs[:, 1:]
         with torch.no_grad():
             prox_logp = (
                 self.sequence_logprobs(self.policy, batch) if self.old_logprob == "recompute" else None
@@ -203,40 +243,19 @@ class GRPOModule(RLModule):
         first: dict[str, torch.Tensor] = {}
         for _epoch in range(self.ppo_epochs):
             for mb in rows.chunk(self.mini_batches):
-                logp = self.sequence_logprobs(self.policy, batch.select(mb))
-                old_logp = rollout_logp[mb] if prox_logp is None else prox_logp[mb]
-                is_weights = None
-                if self.tis_cap is not None:
-                    is_weights = truncated_importance_weights(
-                        prox_logp[mb], rollout_logp[mb], mask[mb], self.tis_cap
-                    )
-                loss, metrics = ppo_clip_loss(
-                    logp,
-                    old_logp,
-                    batch.advantages[mb],
-                    mask[mb],
-                    self.clip_low,
-                    self.clip_high,
-                    self.loss_aggregation,
-                    is_weights,
+                loss, metrics = self.policy_loss(
+                    batch.select(mb), batch.advantages[mb], _rows(prox_logp, mb), _rows(ref_logp, mb)
                 )
-                if ref_logp is not None:
-                    kl = masked_mean(kl_penalty(logp, ref_logp[mb], self.kl_estimator), mask[mb])
-                    loss = loss + self.kl_coef * kl
-                    metrics["kl"] = kl.detach()
-                optimizer.zero_grad()
-                self.manual_backward(loss)
-                if self.max_grad_norm > 0:
-                    self.clip_gradients(
-                        optimizer, gradient_clip_val=self.max_grad_norm, gradient_clip_algorithm="norm"
-                    )
-                optimizer.step()
+                self.optimizer_step(optimizer, loss)
                 if not first:  # the first mini-batch is the one taken before any update of this step
                     first = {**metrics, "loss": loss.detach()}
-                    first["logp_diff_abs"] = masked_mean((logp.detach() - rollout_logp[mb]).abs(), mask[mb])
 
         n = batch.num_rows
         self.log_rollout_stats(batch)
         self.log_dict({f"train/{k}": v for k, v in first.items()}, batch_size=n)
         self.log("perf/train_time_s", time.perf_counter() - start, batch_size=n)
         return first["loss"]
+
+
+def _rows(tensor: torch.Tensor | None, rows: torch.Tensor) -> torch.Tensor | None:
+    return None if tensor is None else tensor[rows]

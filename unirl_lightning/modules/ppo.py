@@ -28,15 +28,12 @@ from unirl_lightning.algorithms import (
     clipped_value_loss,
     explained_variance,
     gae_advantages,
-    kl_penalty,
     last_token_rewards,
     masked_mean,
     masked_whiten,
-    ppo_clip_loss,
-    truncated_importance_weights,
 )
 from unirl_lightning.lora import LLM_LORA_TARGETS, apply_lora
-from unirl_lightning.modules.grpo import GRPOModule
+from unirl_lightning.modules.grpo import GRPOModule, _rows
 from unirl_lightning.rollout.types import ExperienceBatch
 
 __all__ = ["PPOModule", "ValueModel"]
@@ -142,7 +139,6 @@ class PPOModule(GRPOModule):
         start = time.perf_counter()
         optimizer = self.optimizers()
         mask = batch.response_mask[:, 1:]
-        rollout_logp = batch.rollout_logprobs[:, 1:]
         with torch.no_grad():
             old_values = self.token_values(batch)
             prox_logp = (
@@ -159,47 +155,25 @@ class PPOModule(GRPOModule):
         for _epoch in range(self.ppo_epochs):
             for mb in rows.chunk(self.mini_batches):
                 minibatch = batch.select(mb)
-                logp = self.sequence_logprobs(self.policy, minibatch)
-                old_logp = rollout_logp[mb] if prox_logp is None else prox_logp[mb]
-                is_weights = None
-                if self.tis_cap is not None:
-                    is_weights = truncated_importance_weights(
-                        prox_logp[mb], rollout_logp[mb], mask[mb], self.tis_cap
-                    )
-                pg_loss, metrics = ppo_clip_loss(
-                    logp,
-                    old_logp,
-                    advantages[mb],
-                    mask[mb],
-                    self.clip_low,
-                    self.clip_high,
-                    self.loss_aggregation,
-                    is_weights,
+                policy_loss, metrics = self.policy_loss(
+                    minibatch, advantages[mb], _rows(prox_logp, mb), _rows(ref_logp, mb)
                 )
-                new_values = self.token_values(minibatch)
                 vf_loss, vf_clip_fraction = clipped_value_loss(
-                    new_values, old_values[mb], returns[mb], mask[mb], self.value_clip, self.loss_aggregation
+                    self.token_values(minibatch),
+                    old_values[mb],
+                    returns[mb],
+                    mask[mb],
+                    self.value_clip,
+                    self.loss_aggregation,
                 )
-                loss = pg_loss + self.vf_coef * vf_loss
-                if ref_logp is not None:
-                    kl = masked_mean(kl_penalty(logp, ref_logp[mb], self.kl_estimator), mask[mb])
-                    loss = loss + self.kl_coef * kl
-                    metrics["kl"] = kl.detach()
-                optimizer.zero_grad()
-                self.manual_backward(loss)
-                if self.max_grad_norm > 0:
-                    self.clip_gradients(
-                        optimizer, gradient_clip_val=self.max_grad_norm, gradient_clip_algorithm="norm"
-                    )
-                optimizer.step()
+                loss = policy_loss + self.vf_coef * vf_loss
+                self.optimizer_step(optimizer, loss)
                 if not first:  # the first mini-batch is the one taken before any update of this step
                     first = {
                         **metrics,
                         "loss": loss.detach(),
-                        "pg_loss": pg_loss.detach(),
                         "vf_loss": vf_loss.detach(),
                         "vf_clip_fraction": vf_clip_fraction,
-                        "logp_diff_abs": masked_mean((logp.detach() - rollout_logp[mb]).abs(), mask[mb]),
                     }
 
         n = batch.num_rows
