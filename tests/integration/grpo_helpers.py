@@ -50,6 +50,19 @@ def make_trainer(tmp_path, strategy, max_steps: int, callbacks: list) -> Trainer
     )
 
 
+def count_pushes(strategy: AsyncRolloutStrategy) -> list[int]:
+    """Record the version of every weight push the strategy makes (the list fills as it runs)."""
+    pushes: list[int] = []
+    push = strategy.weight_sync.push
+
+    def counting_push(model, workers, version):
+        pushes.append(version)
+        return push(model, workers, version)
+
+    strategy.weight_sync.push = counting_push
+    return pushes
+
+
 def tiny_module(**overrides: Any) -> GRPOModule:
     kwargs = dict(
         policy=TinyCausalLM(hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64),

@@ -12,7 +12,7 @@ import pytest
 import torch
 from lightning.pytorch import seed_everything
 
-from tests.integration.grpo_helpers import StepRecorder, make_trainer
+from tests.integration.grpo_helpers import StepRecorder, count_pushes, make_trainer
 from tests.integration.parse_only import ParseOnlyCLI, init_args
 from unirl_lightning.callbacks import RolloutEvalCallback, WeightSyncCallback, WeightVersionLogger
 from unirl_lightning.cli import run_cli
@@ -53,14 +53,7 @@ def tiny_module(policy: TinyFlowModel, **overrides) -> FlowGRPOModule:
 def on_policy_run(tmp_path_factory, ray_local, tiny_policy):
     seed_everything(0)
     strategy = AsyncRolloutStrategy(max_staleness=0, max_inflight=1)
-    pushes: list[int] = []
-    push = strategy.weight_sync.push
-
-    def counting_push(model, workers, version):
-        pushes.append(version)
-        return push(model, workers, version)
-
-    strategy.weight_sync.push = counting_push
+    pushes = count_pushes(strategy)
     recorder = StepRecorder()
     evaluator = RolloutEvalCallback(every_n_steps=2, num_prompts=4, num_generations=2)
     callbacks = [WeightSyncCallback(), WeightVersionLogger(), evaluator, recorder]

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.integration.grpo_helpers import fit_tiny, tiny_module
+from tests.integration.grpo_helpers import count_pushes, fit_tiny, tiny_module
 from unirl_lightning.strategy import AsyncRolloutStrategy
 from unirl_lightning.tb import histogram_tags, read_scalars
 from unirl_lightning.weight_sync import CollectiveWeightSync, ObjectStoreWeightSync
@@ -53,14 +53,7 @@ def on_policy_run(tmp_path_factory, ray_local):
 @pytest.fixture(scope="module")
 def async_run(tmp_path_factory, ray_local):
     strategy = AsyncRolloutStrategy(max_staleness=1, max_inflight=2, num_workers=2)
-    pushes: list[int] = []
-    push = strategy.weight_sync.push
-
-    def counting_push(model, workers, version):
-        pushes.append(version)
-        return push(model, workers, version)
-
-    strategy.weight_sync.push = counting_push
+    pushes = count_pushes(strategy)
     module = tiny_module(kl_coef=0.01)
     trainer, module, recorder = fit_tiny(
         tmp_path_factory.mktemp("async"), max_steps=10, strategy=strategy, module=module, eval_every=5

@@ -43,11 +43,13 @@ def fake_generate(request):
     return Ready({"groups": groups, "generate_s": 0.01})
 
 
-def make_loop(prompts, max_staleness=0, max_inflight=1, sync_interval=1, launched=None):
+def make_loop(
+    prompts, max_staleness=0, max_inflight=1, sync_interval=1, launched=None, generate=fake_generate
+):
     def launch(request):
         if launched is not None:
             launched.append((request.gen_id, ctl.weight_version))
-        return fake_generate(request)
+        return generate(request)
 
     holder = {}
     ctl = BatchRolloutController(launch, complete=lambda g, v, res: holder["loop"].complete(g, v, res))
@@ -180,23 +182,10 @@ class Slow:
 def test_any_cadence_trains_within_the_budget_and_never_starves(
     max_staleness, max_inflight, sync_interval, delays
 ):
-    holder = {}
-
-    def launch(request):
+    def slow_generate(request):
         return Slow(fake_generate(request).value, delays[request.gen_id % len(delays)])
 
-    ctl = BatchRolloutController(launch, complete=lambda g, v, res: holder["loop"].complete(g, v, res))
-    loop = RolloutLoop(
-        batches(4) * 10,
-        ctl,
-        num_generations=2,
-        sampling=SamplingParams(max_new_tokens=1),
-        max_staleness=max_staleness,
-        max_inflight=max_inflight,
-        sync_interval=sync_interval,
-        pad_token_id=0,
-    )
-    holder["loop"] = loop
+    loop, ctl = make_loop(batches(4) * 10, max_staleness, max_inflight, sync_interval, generate=slow_generate)
     trained = []
     for step in range(10):
         batch = loop.next_batch()  # never raises: the launch ceiling always leaves something to train

@@ -13,12 +13,23 @@ Called inside a worker process (a Ray actor), one call at a time. Guarantees:
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Iterable
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 import torch
 
 from unirl_lightning.rollout.types import Rollout, RolloutRequest
+
+
+def import_backend(module: str, engine: str, install_hint: str) -> Any:
+    """``import module``, or an ImportError naming the engine and the extra to install."""
+    try:
+        return importlib.import_module(module)
+    except ImportError as exc:
+        raise ImportError(
+            f"the {engine} engine needs {engine}, which is not installed: {install_hint}"
+        ) from exc
 
 
 def engine_device(device: str, num_threads: int | None) -> torch.device:

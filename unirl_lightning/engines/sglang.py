@@ -48,6 +48,7 @@ from typing import Any
 
 import torch
 
+from unirl_lightning.engines.base import import_backend
 from unirl_lightning.engines.vllm import is_lora_push, layer_buckets, lora_adapter_config, materialize_policy
 from unirl_lightning.lora import LoraSpec
 from unirl_lightning.models import PolicySpec
@@ -62,11 +63,7 @@ INSTALL_HINT = "install the extra: pip install 'unirl-lightning[sglang]' (SGLang
 
 def import_sglang() -> Any:
     """``import sglang``, or an ImportError that names the extra to install."""
-    try:
-        import sglang
-    except ImportError as exc:
-        raise ImportError(f"the SGLang engine needs SGLang, which is not installed: {INSTALL_HINT}") from exc
-    return sglang
+    return import_backend("sglang", "SGLang", INSTALL_HINT)
 
 
 @dataclass

@@ -65,6 +65,7 @@ from typing import Any
 
 import torch
 
+from unirl_lightning.engines.base import import_backend
 from unirl_lightning.lora import LoraSpec
 from unirl_lightning.models import PolicySpec, PretrainedCausalLM, TinyCausalLM
 from unirl_lightning.rollout.types import Rollout, RolloutRequest
@@ -96,11 +97,7 @@ _LORA_NAME = re.compile(r"^(?P<module>.+)\.lora_(?P<kind>A|B)(?:\.[^.]+)?\.weigh
 
 def import_vllm() -> Any:
     """``import vllm``, or an ImportError that names the extra to install."""
-    try:
-        import vllm
-    except ImportError as exc:
-        raise ImportError(f"the vLLM engine needs vLLM, which is not installed: {INSTALL_HINT}") from exc
-    return vllm
+    return import_backend("vllm", "vLLM", INSTALL_HINT)
 
 
 @dataclass
