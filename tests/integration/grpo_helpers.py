@@ -63,7 +63,8 @@ def count_pushes(strategy: AsyncRolloutStrategy) -> list[int]:
     return pushes
 
 
-def tiny_module(**overrides: Any) -> GRPOModule:
+def tiny_module(module_cls: type[GRPOModule] = GRPOModule, **overrides: Any) -> GRPOModule:
+    """A GRPO (or subclass, e.g. PPO) module on a one-layer tiny Llama with exact-match reward."""
     kwargs = dict(
         policy=TinyCausalLM(hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64),
         reward=ExactMatchReward(),
@@ -72,7 +73,7 @@ def tiny_module(**overrides: Any) -> GRPOModule:
         lr=3e-3,
     )
     kwargs.update(overrides)
-    return GRPOModule(**kwargs)
+    return module_cls(**kwargs)
 
 
 def fit_tiny(

@@ -8,10 +8,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.integration.grpo_helpers import fit_tiny
-from unirl_lightning.models import TinyCausalLM
+from tests.integration.grpo_helpers import fit_tiny, tiny_module
 from unirl_lightning.modules import PPOModule
-from unirl_lightning.rewards import ExactMatchReward
 from unirl_lightning.strategy import AsyncRolloutStrategy
 from unirl_lightning.tb import read_scalars
 
@@ -33,15 +31,7 @@ REQUIRED_TAGS = [
 
 
 def tiny_ppo(**overrides) -> PPOModule:
-    kwargs = dict(
-        policy=TinyCausalLM(hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64),
-        reward=ExactMatchReward(),
-        num_generations=8,
-        max_new_tokens=2,
-        lr=3e-3,
-    )
-    kwargs.update(overrides)
-    return PPOModule(**kwargs)
+    return tiny_module(PPOModule, **{"num_generations": 8, **overrides})
 
 
 def nbytes(model: torch.nn.Module) -> int:
