@@ -1,22 +1,56 @@
 """Pins unirl_lightning.algorithms.advantages against hand-computed numbers."""
 
+import warnings
+
 import pytest
 import torch
 
 from unirl_lightning.algorithms.advantages import gae_advantages, group_advantages, rloo_advantages
 
 
-def test_grpo_std_normalisation_uses_population_std_and_zeroes_all_equal_groups():
-    # group 1: mean 0.5, population std 0.5 -> [1, -1, -1, 1]; group 2: all equal -> 0
+def test_grpo_std_is_the_unbiased_group_std_by_default_like_trl_and_verl():
+    # group 1: mean 0.5, deviations +-0.5, unbiased var = 4 * 0.25 / 3 = 1/3 -> A = 0.5 / sqrt(1/3) = sqrt(3) / 2
+    # group 2: all equal -> exactly 0
     rewards = torch.tensor([1.0, 0.0, 0.0, 1.0, 1.0, 1.0, 1.0, 1.0])
     advantages = group_advantages(rewards, group_size=4, eps=0.0)
+    half_sqrt3 = 3**0.5 / 2
+    assert torch.allclose(
+        advantages, torch.tensor([half_sqrt3, -half_sqrt3, -half_sqrt3, half_sqrt3, 0.0, 0.0, 0.0, 0.0])
+    )
+    assert torch.equal(advantages[4:], torch.zeros(4))
+
+
+def test_grpo_population_std_is_kept_as_an_option_like_flow_grpo():
+    # population std of [1, 0, 0, 1] is 0.5 -> [1, -1, -1, 1] exactly
+    rewards = torch.tensor([1.0, 0.0, 0.0, 1.0, 1.0, 1.0, 1.0, 1.0])
+    advantages = group_advantages(rewards, group_size=4, eps=0.0, std="population")
     assert torch.equal(advantages, torch.tensor([1.0, -1.0, -1.0, 1.0, 0.0, 0.0, 0.0, 0.0]))
 
 
+def test_grpo_default_eps_is_trls_1e_minus_4():
+    advantages = group_advantages(torch.tensor([1.0, 0.0, 0.0, 1.0]), group_size=4)
+    expected = 0.5 / (3**-0.5 + 1e-4)  # 0.865875...
+    assert torch.allclose(
+        advantages, torch.tensor([expected, -expected, -expected, expected]), rtol=0, atol=1e-7
+    )
+
+
 def test_grpo_eps_is_added_to_the_std():
+    # unbiased std of [1, 0] = sqrt(0.5): 0.5 / (sqrt(0.5) + 0.5) = 1 / (sqrt(2) + 1) = sqrt(2) - 1
     advantages = group_advantages(torch.tensor([1.0, 0.0]), group_size=2, eps=0.5)
-    # std 0.5, (1 - 0.5) / (0.5 + 0.5) = 0.5
+    assert torch.allclose(advantages, torch.tensor([2**0.5 - 1, 1 - 2**0.5]))
+    # population std 0.5: (1 - 0.5) / (0.5 + 0.5) = 0.5
+    advantages = group_advantages(torch.tensor([1.0, 0.0]), group_size=2, eps=0.5, std="population")
     assert torch.allclose(advantages, torch.tensor([0.5, -0.5]))
+
+
+def test_a_group_of_one_is_exactly_zero_with_either_std_and_no_degrees_of_freedom_warning():
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for std in ("unbiased", "population"):
+            assert torch.equal(
+                group_advantages(torch.tensor([0.3, 2.0]), group_size=1, std=std), torch.zeros(2)
+            )
 
 
 def test_dr_grpo_mean_normalisation_only_subtracts_the_group_mean():
@@ -33,7 +67,7 @@ def test_all_equal_group_is_exactly_zero_despite_rounding_of_the_mean():
 
 
 def test_integer_rewards_are_accepted_and_give_float_advantages():
-    advantages = group_advantages(torch.tensor([1, 0]), group_size=2, eps=0.0)
+    advantages = group_advantages(torch.tensor([1, 0]), group_size=2, eps=0.0, std="population")
     assert advantages.dtype == torch.float32
     assert torch.equal(advantages, torch.tensor([1.0, -1.0]))
 
@@ -45,6 +79,8 @@ def test_group_advantages_rejects_bad_arguments_naming_value_and_allowed():
         group_advantages(torch.zeros(5), group_size=2)
     with pytest.raises(ValueError, match=r"normalize must be one of \('std', 'mean'\), got 'max'"):
         group_advantages(torch.zeros(4), group_size=2, normalize="max")
+    with pytest.raises(ValueError, match=r"std must be one of \('unbiased', 'population'\), got 'sample'"):
+        group_advantages(torch.zeros(4), group_size=2, std="sample")
     with pytest.raises(ValueError, match=r"rewards must be 1-D .* got shape \(2, 2\)"):
         group_advantages(torch.zeros(2, 2), group_size=2)
 

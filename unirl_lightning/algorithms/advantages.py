@@ -9,10 +9,15 @@ argument, the value seen and what is allowed.
 
 from __future__ import annotations
 
+from typing import Literal, get_args
+
 import torch
 from torch import Tensor
 
-GROUP_NORMALIZATIONS = ("std", "mean")
+GroupNormalization = Literal["std", "mean"]
+GROUP_NORMALIZATIONS: tuple[str, ...] = get_args(GroupNormalization)
+GroupStd = Literal["unbiased", "population"]
+GROUP_STDS: tuple[str, ...] = get_args(GroupStd)
 
 
 def _grouped(rewards: Tensor, group_size: int, min_group_size: int) -> Tensor:
@@ -31,13 +36,31 @@ def _grouped(rewards: Tensor, group_size: int, min_group_size: int) -> Tensor:
     return rewards.view(-1, group_size)
 
 
-def group_advantages(rewards: Tensor, group_size: int, normalize: str = "std", eps: float = 1e-6) -> Tensor:
+def group_advantages(
+    rewards: Tensor,
+    group_size: int,
+    normalize: GroupNormalization = "std",
+    eps: float = 1e-4,
+    *,
+    std: GroupStd = "unbiased",
+) -> Tensor:
     """Group-relative advantages: each reward minus its group's mean, optionally over the group's std.
 
-    ``normalize="std"``: ``(r - mean_g) / (std_g + eps)`` (GRPO, Shao et al. 2024), with the
-    *population* std (``unbiased=False``, divide by ``group_size``), so a group ``[1, 0, 0, 1]``
-    maps to ``[1, -1, -1, 1]``. ``normalize="mean"``: ``r - mean_g`` (Dr.GRPO, Liu et al. 2025,
-    which drops the std to remove the question-difficulty bias).
+    ``normalize="std"``: ``(r - mean_g) / (std_g + eps)`` (GRPO, Shao et al. 2024).
+    ``normalize="mean"``: ``r - mean_g`` (Dr.GRPO, Liu et al. 2025, which drops the std to
+    remove the question-difficulty bias).
+
+    ``std="unbiased"`` (default) is the sample std with Bessel's correction (divide by
+    ``group_size - 1``), as TRL (``nanstd``, ``scale_rewards="group"``) and verl
+    (``torch.std`` in ``compute_grpo_outcome_advantage``) compute it: a group ``[1, 0, 0, 1]``
+    has std ``sqrt(1/3)`` and maps to ``±sqrt(3)/2``. ``std="population"`` divides by
+    ``group_size`` (``np.std``, as flow_grpo's ``PerPromptStatTracker``): the same group maps
+    to ``[1, -1, -1, 1]``.
+
+    ``eps`` defaults to TRL's and flow_grpo's ``1e-4`` (verl: ``1e-6``). All-equal groups are
+    zeroed exactly (below), so ``eps`` only acts on groups whose rewards differ by very little,
+    where a larger ``eps`` bounds how much it can amplify reward noise (``|A| <= spread / eps``);
+    for a group std ``>= 0.1`` the advantages differ from those with ``1e-6`` by under ``0.1 %``.
 
     A group whose rewards are all equal carries no learning signal and gets exactly 0 (also
     with ``group_size=1``), whatever rounding the mean would leave.
@@ -45,18 +68,23 @@ def group_advantages(rewards: Tensor, group_size: int, normalize: str = "std", e
     Args:
         rewards: ``[num_groups * group_size]``, ordered group by group.
         group_size: samples per prompt, ``>= 1``.
-        normalize: ``"std"`` or ``"mean"``.
+        normalize: one of ``GROUP_NORMALIZATIONS``.
         eps: added to the std before dividing.
+        std: one of ``GROUP_STDS``; used by ``normalize="std"`` only.
 
     Returns:
         ``[num_groups * group_size]`` advantages, float, detached.
     """
     if normalize not in GROUP_NORMALIZATIONS:
         raise ValueError(f"normalize must be one of {GROUP_NORMALIZATIONS}, got {normalize!r}")
+    if std not in GROUP_STDS:
+        raise ValueError(f"std must be one of {GROUP_STDS}, got {std!r}")
     grouped = _grouped(rewards, group_size, min_group_size=1)
     advantages = grouped - grouped.mean(dim=1, keepdim=True)
     if normalize == "std":
-        advantages = advantages / (grouped.std(dim=1, unbiased=False, keepdim=True) + eps)
+        # a group of one has no unbiased std (0 / 0); it is all-equal and zeroed below anyway
+        correction = 1 if std == "unbiased" and group_size > 1 else 0
+        advantages = advantages / (grouped.std(dim=1, correction=correction, keepdim=True) + eps)
     # all-equal groups: exactly 0, not rounding noise divided by eps
     all_equal = (grouped == grouped[:, :1]).all(dim=1, keepdim=True)
     advantages = advantages.masked_fill(all_equal, 0.0)
