@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from unirl_lightning.algorithms.flow import gaussian_log_prob, sde_step
+from unirl_lightning.algorithms.flow import flow_grpo_kl, gaussian_log_prob, sde_std_dev_t, sde_step
 
 HALF_LOG_2PI = 0.9189385332
 
@@ -97,6 +97,58 @@ def test_gradient_flows_through_the_mean_to_the_model_output_only():
     # at v = 0: mean = 0.75, (x - mean) / 0.25 = [-1, -3]; times dmean/dv = -0.375, over 2 -> [0.1875, 0.5625]
     assert torch.allclose(velocity.grad, torch.tensor([[0.1875, 0.5625]]))
     assert prev.grad is None
+
+
+def test_sde_std_dev_t_is_eta_sqrt_sigma_over_one_minus_sigma_and_the_std_over_sqrt_minus_dt():
+    sample = torch.zeros(2, 1, 2)
+    sigma, sigma_next = torch.tensor([0.5, 1.0]), torch.tensor([0.25, 0.8])
+    std_dev_t = sde_std_dev_t(sample, sigma, sigma_next, eta=1.0)
+    # row 0: sqrt(0.5 / 0.5) = 1; row 1 (sigma = 1): sqrt(1 / (1 - 0.8)) = sqrt(5)
+    assert std_dev_t.shape == (2, 1, 1)
+    assert torch.allclose(std_dev_t.flatten(), torch.tensor([1.0, 5**0.5]))
+    _, _, _, std = sde_step(sample, sample, sigma, sigma_next, eta=1.0)
+    assert torch.equal(std, std_dev_t * torch.sqrt(sigma - sigma_next).view(2, 1, 1))
+    assert sde_std_dev_t(sample, 0.5, 0.25, eta=0.7) == 0.7
+
+
+def test_flow_grpo_kl_at_two_steps_is_flow_grpos_formula_the_exact_kl_times_minus_dt():
+    # policy and reference velocities differ by [1, 2]
+    sample = torch.ones(1, 2)
+    velocity = torch.tensor([[2.0, -1.0]])
+    ref_velocity = velocity - torch.tensor([[1.0, 2.0]])
+
+    def kl_at(sigma: float, sigma_next: float, eta: float) -> tuple[torch.Tensor, torch.Tensor]:
+        _, _, mean, std = sde_step(velocity, sample, sigma, sigma_next, eta)
+        _, _, ref_mean, _ = sde_step(ref_velocity, sample, sigma, sigma_next, eta)
+        exact = ((mean - ref_mean) ** 2 / (2 * std**2)).mean(
+            dim=1
+        )  # KL of N(mean, std^2) || N(ref_mean, std^2)
+        return flow_grpo_kl(mean, ref_mean, sde_std_dev_t(sample, sigma, sigma_next, eta)), exact
+
+    # step 0.5 -> 0.25, eta 1: std_dev_t = 1, dt = -0.25, mean - ref_mean = (v - v_ref) * 1.5 * dt
+    #   = [-0.375, -0.75] -> mean square 0.3515625 / (2 * 1) = 0.17578125; exact = that / 0.25 = 0.703125
+    kl, exact = kl_at(0.5, 0.25, eta=1.0)
+    assert torch.allclose(kl, torch.tensor([0.17578125])) and torch.allclose(exact, torch.tensor([0.703125]))
+    # step 1 -> 0.8, eta 0.5: std_dev_t^2 = 0.25 * 5 = 1.25, dt = -0.2, factor 1 (1 - sigma = 0): [-0.2, -0.4]
+    #   -> mean square 0.1 / 2.5 = 0.04; exact = that / 0.2 = 0.2
+    kl, exact = kl_at(1.0, 0.8, eta=0.5)
+    assert torch.allclose(kl, torch.tensor([0.04])) and torch.allclose(exact, torch.tensor([0.2]))
+
+
+def test_flow_grpo_kl_gradient_is_the_mean_gap_over_std_dev_t_squared_per_element():
+    mean = torch.tensor([[1.0, 3.0]], requires_grad=True)
+    flow_grpo_kl(mean, torch.zeros(1, 2), 2.0).sum().backward()
+    # (m_1^2 + m_2^2) / 2 / (2 * 4): d/d m_i = m_i / 8
+    assert torch.allclose(mean.grad, torch.tensor([[0.125, 0.375]]))
+
+
+def test_flow_grpo_kl_rejects_mismatched_means_and_a_non_positive_std_dev_t():
+    with pytest.raises(ValueError, match=r"same shape, got mean=\(1, 2\), ref_mean=\(1, 3\)"):
+        flow_grpo_kl(torch.zeros(1, 2), torch.zeros(1, 3), 1.0)
+    with pytest.raises(ValueError, match=r"std_dev_t must be > 0 \(eta > 0\), got 0.0"):
+        flow_grpo_kl(torch.zeros(1, 2), torch.zeros(1, 2), 0.0)
+    with pytest.raises(ValueError, match=r"eta must be >= 0, got -1.0"):
+        sde_std_dev_t(torch.zeros(1, 2), 0.5, 0.25, eta=-1.0)
 
 
 def test_sde_step_rejects_negative_eta_and_bad_sigmas():

@@ -11,6 +11,9 @@ noise, ``sigma = 0`` clean data) and the model predicts the velocity ``v = noise
 calls compute ``log_prob`` with the same arithmetic, so with the same weights and inputs the
 replayed log-prob equals the sampled one bit for bit (the on-policy ratio is exactly 1).
 Store ``prev_sample`` as returned (float32): a lower-precision copy breaks that equality.
+
+The KL to a reference model is ``flow_grpo_kl(mean, ref_mean, sde_std_dev_t(...))``, flow_grpo's
+estimator (the exact Gaussian KL of the step times the step size; see its docstring).
 """
 
 from __future__ import annotations
@@ -53,6 +56,70 @@ def _as_column(name: str, value: Tensor | float, like: Tensor) -> Tensor:
     )
 
 
+def _std_dev_t(sigma: Tensor, sigma_next: Tensor, eta: float) -> Tensor:
+    # sigma = 1 would divide by zero: use sigma_next there, as Flow-GRPO does
+    sigma_for_std = torch.where(sigma >= 1, sigma_next, sigma)
+    return eta * torch.sqrt(sigma / (1 - sigma_for_std))
+
+
+def sde_std_dev_t(sample: Tensor, sigma: Tensor | float, sigma_next: Tensor | float, eta: float) -> Tensor:
+    """Flow-GRPO's ``std_dev_t = eta * sqrt(sigma / (1 - sigma))`` of the step ``sigma -> sigma_next``.
+
+    The same number ``sde_step`` uses (``sigma_next`` replaces ``sigma`` in ``1 - sigma`` at
+    ``sigma = 1``) and the fourth output of flow_grpo's ``sde_step_with_logprob``; the step's
+    transition std is ``std_dev_t * sqrt(sigma - sigma_next)``. Feed it to ``flow_grpo_kl``.
+
+    Args:
+        sample: ``[B, ...]`` the latents of the step; sets the dtype (float32 or float64),
+            device and the broadcast shape.
+        sigma / sigma_next / eta: as in ``sde_step``.
+
+    Returns:
+        A scalar, or ``[B, 1, ..., 1]`` for per-sample sigmas; broadcastable to ``sample``.
+    """
+    if not eta >= 0:
+        raise ValueError(f"eta must be >= 0, got {eta!r}")
+    like = sample.to(torch.promote_types(sample.dtype, torch.float32))
+    return _std_dev_t(_as_column("sigma", sigma, like), _as_column("sigma_next", sigma_next, like), eta)
+
+
+def flow_grpo_kl(mean: Tensor, ref_mean: Tensor, std_dev_t: Tensor | float) -> Tensor:
+    """Flow-GRPO's per-step KL penalty: ``mean over non-batch dims of (mean - ref_mean)^2 / (2 std_dev_t^2)``.
+
+    Exactly flow_grpo's ``scripts/train_sd3.py``: ``((prev_sample_mean - prev_sample_mean_ref)
+    ** 2).mean(dim=(1, 2, 3), keepdim=True) / (2 * std_dev_t ** 2)``, per row (flow_grpo then
+    takes ``torch.mean`` over the batch, and over the steps through its loss average).
+
+    Relation to the exact KL: policy and reference transitions are ``N(mean, s^2)`` and
+    ``N(ref_mean, s^2)`` with the same ``s = std_dev_t * sqrt(-dt)``, ``dt = sigma_next -
+    sigma < 0``, so per element ``KL = (mean - ref_mean)^2 / (2 s^2) = (mean - ref_mean)^2 /
+    (2 std_dev_t^2 (-dt))``. Hence ``exact = flow_grpo_kl / (-dt)``, i.e. flow_grpo's penalty is
+    the exact per-element KL times the step size ``sigma - sigma_next``: steps of different
+    size are weighted differently, and ``beta`` is not comparable with a coefficient on the
+    exact KL.
+
+    Args:
+        mean: ``[B, ...]`` policy mean of the step (``sde_step``'s third output; carries the
+            gradient).
+        ref_mean: ``[B, ...]`` reference mean of the same step.
+        std_dev_t: ``sde_std_dev_t(...)`` of the step, ``> 0`` (``eta > 0``: at ``eta = 0``
+            there is no noise and the KL is undefined); a float or broadcastable to ``mean``.
+
+    Returns:
+        ``[B]`` per-row KL penalty.
+    """
+    if ref_mean.shape != mean.shape or mean.dim() < 2:
+        raise ValueError(
+            f"mean and ref_mean must both be [B, ...] with the same shape, got mean={tuple(mean.shape)}, "
+            f"ref_mean={tuple(ref_mean.shape)}"
+        )
+    if isinstance(std_dev_t, (int, float)) and not std_dev_t > 0:
+        raise ValueError(f"std_dev_t must be > 0 (eta > 0), got {std_dev_t!r}")
+    squared_diff = ((mean - ref_mean) ** 2).mean(dim=tuple(range(1, mean.dim())), keepdim=True)
+    kl = squared_diff / (2 * torch.as_tensor(std_dev_t, dtype=squared_diff.dtype, device=mean.device) ** 2)
+    return kl.reshape(mean.shape[0])
+
+
 def sde_step(
     model_output: Tensor,
     sample: Tensor,
@@ -64,7 +131,8 @@ def sde_step(
 ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """One reverse step ``sigma -> sigma_next`` of the Flow-GRPO SDE, with its log-probability.
 
-    With ``dt = sigma_next - sigma`` (negative) and ``std_dev_t = eta * sqrt(sigma / (1 - sigma))``::
+    With ``dt = sigma_next - sigma`` (negative) and ``std_dev_t = eta * sqrt(sigma / (1 - sigma))``
+    (``sde_std_dev_t``)::
 
         mean = sample * (1 + std_dev_t**2 / (2 * sigma) * dt)
                + model_output * (1 + std_dev_t**2 * (1 - sigma) / (2 * sigma)) * dt
@@ -123,9 +191,7 @@ def sde_step(
     sigma_next = _as_column("sigma_next", sigma_next, sample)
 
     dt = sigma_next - sigma
-    # sigma = 1 would divide by zero: use sigma_next there, as Flow-GRPO does
-    sigma_for_std = torch.where(sigma >= 1, sigma_next, sigma)
-    std_dev_t = eta * torch.sqrt(sigma / (1 - sigma_for_std))
+    std_dev_t = _std_dev_t(sigma, sigma_next, eta)
     mean = (
         sample * (1 + std_dev_t**2 / (2 * sigma) * dt)
         + model_output * (1 + std_dev_t**2 * (1 - sigma) / (2 * sigma)) * dt
