@@ -38,8 +38,20 @@ def test_k3_gradient_flows_to_logp():
     assert torch.allclose(logp.grad, torch.tensor([0.5]))
 
 
+def test_masked_tokens_give_exactly_zero_and_zero_gradient_even_with_garbage_log_probs():
+    logp = torch.tensor([[math.log(0.5), -1e4, float("nan")]], requires_grad=True)
+    ref_logp = torch.tensor([[math.log(0.25), 0.0, 0.0]])
+    mask = torch.tensor([[1, 0, 0]])
+    kl = kl_penalty(logp, ref_logp, mask=mask)  # exp(1e4) would be inf without the mask
+    assert torch.allclose(kl, torch.tensor([[0.1931472, 0.0, 0.0]]))
+    kl.sum().backward()
+    assert torch.allclose(logp.grad, torch.tensor([[0.5, 0.0, 0.0]]))  # not nan
+
+
 def test_kl_penalty_rejects_unknown_estimator_and_shape_mismatch():
     with pytest.raises(ValueError, match=r"estimator must be one of \('k1', 'k2', 'k3'\), got 'k4'"):
         kl_penalty(LOGP, REF_LOGP, "k4")
     with pytest.raises(ValueError, match=r"ref_logp must have the shape of logp \(1,\), got \(2,\)"):
         kl_penalty(LOGP, torch.zeros(2))
+    with pytest.raises(ValueError, match=r"mask must have the shape of logp \(1,\), got \(2,\)"):
+        kl_penalty(LOGP, REF_LOGP, mask=torch.ones(2))

@@ -3,6 +3,7 @@
 import pytest
 import torch
 
+from unirl_lightning.algorithms.kl import kl_penalty
 from unirl_lightning.algorithms.losses import aggregate_loss, gspo_loss, masked_mean, ppo_clip_loss
 
 # one sequence of four tokens whose ratios pi/pi_old are 1.5, 0.5, 1.0, 1.1
@@ -36,20 +37,42 @@ LOSS_MASK = torch.tensor([[1, 1, 1], [1, 0, 0], [0, 0, 0]])
 
 
 def test_token_mean_weighs_every_valid_token_equally():
-    # (1 + 2 + 3 + 4) / 4
+    # (1 + 2 + 3 + 4) / 4; max_tokens is ignored outside seq-mean-token-sum-norm
     assert aggregate_loss(LOSS_TOKENS, LOSS_MASK, "token-mean") == 2.5
+    assert aggregate_loss(LOSS_TOKENS, LOSS_MASK, "token-mean", max_tokens=100) == 2.5
 
 
-def test_seq_mean_token_mean_weighs_every_non_empty_sequence_equally():
-    # (mean[1, 2, 3] + mean[4]) / 2 = (2 + 4) / 2; the empty third sequence is left out
-    assert aggregate_loss(LOSS_TOKENS, LOSS_MASK, "seq-mean-token-mean") == 3.0
+def test_seq_mean_token_mean_weighs_every_sequence_equally_and_an_empty_one_counts_as_zero_like_trl():
+    # (mean[1, 2, 3] + mean[4] + 0) / 3 = (2 + 4 + 0) / 3: divided by all B rows, as TRL's "grpo"
+    assert aggregate_loss(LOSS_TOKENS, LOSS_MASK, "seq-mean-token-mean") == 2.0
 
 
-def test_seq_mean_token_sum_norm_divides_by_the_max_length_dr_grpo():
-    # (6 / 3 + 4 / 3 + 0 / 3) / 3 sequences = 10 / 9
+def test_seq_mean_token_sum_norm_divides_by_the_constant_max_tokens_dr_grpo():
+    # (6 / 4 + 4 / 4 + 0 / 4) / 3 sequences = 10 / 12; not the padded width 3
     assert torch.allclose(
-        aggregate_loss(LOSS_TOKENS, LOSS_MASK, "seq-mean-token-sum-norm"), torch.tensor(10 / 9)
+        aggregate_loss(LOSS_TOKENS, LOSS_MASK, "seq-mean-token-sum-norm", max_tokens=4), torch.tensor(10 / 12)
     )
+
+
+def test_seq_mean_token_sum_norm_does_not_depend_on_prompt_width_or_padding():
+    # the same completions behind 2 more prompt columns and before 3 more padding columns (garbage there)
+    wide_tokens = torch.cat([torch.full((3, 2), 5.0), LOSS_TOKENS, torch.full((3, 3), float("nan"))], dim=1)
+    wide_mask = torch.cat([torch.zeros(3, 2), LOSS_MASK, torch.zeros(3, 3)], dim=1)
+    narrow = aggregate_loss(LOSS_TOKENS, LOSS_MASK, "seq-mean-token-sum-norm", max_tokens=4)
+    wide = aggregate_loss(wide_tokens, wide_mask, "seq-mean-token-sum-norm", max_tokens=4)
+    assert wide == narrow
+
+
+def test_seq_mean_token_sum_norm_requires_max_tokens_naming_the_budget():
+    for bad in (None, 0, True, 4.0):
+        with pytest.raises(
+            ValueError,
+            match=r"aggregation 'seq-mean-token-sum-norm' needs max_tokens, the generation budget "
+            rf"\(max_new_tokens\), as an int >= 1, got {bad!r}",
+        ):
+            aggregate_loss(LOSS_TOKENS, LOSS_MASK, "seq-mean-token-sum-norm", max_tokens=bad)
+    with pytest.raises(ValueError, match=r"needs max_tokens.*got None"):
+        ppo_clip_loss(LOGP, OLD_LOGP, torch.ones(1), MASK, aggregation="seq-mean-token-sum-norm")
 
 
 def test_aggregate_loss_rejects_unknown_mode_listing_the_allowed():
@@ -65,6 +88,7 @@ def test_ppo_clip_positive_advantage_clips_ratios_above_one_plus_clip():
     # pg_loss1 = -r = [-1.5, -0.5, -1, -1.1]; pg_loss2 = -clamp(r, 0.8, 1.2) = [-1.2, -0.8, -1, -1.1]
     # max = [-1.2, -0.5, -1, -1.1] -> mean -0.95; only the first token is clipped
     assert torch.allclose(loss, torch.tensor(-0.95))
+    assert metrics["pg_loss"] == loss  # no token_penalty: the policy term is the whole loss
     assert torch.allclose(metrics["ratio_mean"], torch.tensor(1.025))  # (1.5 + 0.5 + 1 + 1.1) / 4
     assert metrics["clip_fraction"] == 0.25
     # k3: mean of (r - 1) - log r = (0.094535 + 0.193147 + 0 + 0.004690) / 4
@@ -99,9 +123,11 @@ def test_per_token_advantages_masked_garbage_does_not_leak_into_loss_or_gradient
     logp = LOGP.clone()
     logp[0, 3] = 1e4  # garbage on a masked token: exp() would overflow if it were not masked first
     logp.requires_grad_(True)
-    loss, metrics = ppo_clip_loss(logp, OLD_LOGP, advantages, mask, aggregation="seq-mean-token-sum-norm")
+    loss, metrics = ppo_clip_loss(
+        logp, OLD_LOGP, advantages, mask, aggregation="seq-mean-token-sum-norm", max_tokens=4
+    )
     # token 0: max(-1.5, -1.2) = -1.2; token 1: A=2, max(-1.0, -1.6) = -1.0; token 2: r=1 -> 1.0
-    # sum -1.2 over max length 4
+    # sum -1.2 over max_tokens 4
     assert torch.allclose(loss, torch.tensor(-1.2 / 4))
     assert torch.allclose(metrics["ratio_mean"], torch.tensor(1.0))  # (1.5 + 0.5 + 1) / 3
     loss.backward()
@@ -116,6 +142,56 @@ def test_is_weights_multiply_the_token_losses_and_carry_no_gradient():
     assert torch.allclose(loss, torch.tensor(-4.5 / 4))
     loss.backward()
     assert is_weights.grad is None
+
+
+# two on-policy sequences (ratio 1) of 1 and 3 valid tokens; 9.0 on a masked token is garbage
+PENALTY = torch.tensor([[2.0, 9.0, 9.0], [1.0, 0.5, 0.0]])
+PENALTY_MASK = torch.tensor([[1, 0, 0], [1, 1, 1]])
+
+
+def test_token_penalty_is_added_per_token_before_aggregation_like_trl():
+    logp = torch.zeros(2, 3)
+    advantages = torch.tensor([1.0, 2.0])  # policy tokens: -A * 1 = -1 (seq 0) and -2 (seq 1)
+    loss, metrics = ppo_clip_loss(
+        logp, logp, advantages, PENALTY_MASK, aggregation="seq-mean-token-mean", token_penalty=PENALTY
+    )
+    # seq 0: -1 + 2 = 1; seq 1: mean(-2 + 1, -2 + 0.5, -2 + 0) = -1.5 -> (1 - 1.5) / 2
+    # (adding the token-mean of the penalty after aggregation would give -1.5 + 3.5 / 4 = -0.625)
+    assert loss == -0.25
+    assert metrics["pg_loss"] == -1.5  # (-1 - 2) / 2, the policy term alone
+    loss, metrics = ppo_clip_loss(
+        logp,
+        logp,
+        advantages,
+        PENALTY_MASK,
+        aggregation="seq-mean-token-sum-norm",
+        max_tokens=4,
+        token_penalty=PENALTY,
+    )
+    # seq 0: (-1 + 2) / 4 = 0.25; seq 1: (-1 - 1.5 - 2) / 4 = -1.125 -> (0.25 - 1.125) / 2
+    assert loss == -0.4375
+    assert metrics["pg_loss"] == -0.875  # (-1 / 4 - 6 / 4) / 2
+
+
+def test_token_penalty_is_not_reweighted_by_the_importance_weights():
+    is_weights = torch.tensor([[2.0, 0.0, 1.0, 1.0]])
+    penalty = torch.tensor([[0.0, 4.0, 0.0, 0.0]])  # on the token whose importance weight is 0
+    loss, metrics = ppo_clip_loss(
+        LOGP, OLD_LOGP, torch.tensor([1.0]), MASK, is_weights=is_weights, token_penalty=penalty
+    )
+    # policy: [-1.2 * 2, -0.5 * 0, -1, -1.1] / 4 = -4.5 / 4; penalty: 4 / 4 = 1, not 0
+    assert torch.allclose(metrics["pg_loss"], torch.tensor(-4.5 / 4))
+    assert torch.allclose(loss, torch.tensor(-4.5 / 4 + 1.0))
+
+
+def test_token_penalty_carries_its_gradient_to_logp():
+    logp = torch.zeros(1, 2, requires_grad=True)
+    ref_logp = torch.tensor([[-1.0, 1.0]])
+    penalty = 0.5 * kl_penalty(logp, ref_logp, "k1")  # d/d logp = 0.5 per token
+    loss, _ = ppo_clip_loss(logp, logp.detach(), torch.zeros(1), torch.ones(1, 2), token_penalty=penalty)
+    loss.backward()
+    # advantage 0: only the penalty has a gradient, 0.5 over 2 tokens
+    assert torch.equal(logp.grad, torch.tensor([[0.25, 0.25]]))
 
 
 def test_ratio_is_exactly_one_on_policy():
@@ -138,6 +214,8 @@ def test_ppo_clip_rejects_bad_shapes_and_clip_ranges():
         ppo_clip_loss(LOGP, OLD_LOGP[:, :3], torch.ones(1), MASK)
     with pytest.raises(ValueError, match=r"is_weights must be \[B, T\] = \(1, 4\), got \(4,\)"):
         ppo_clip_loss(LOGP, OLD_LOGP, torch.ones(1), MASK, is_weights=torch.ones(4))
+    with pytest.raises(ValueError, match=r"token_penalty must be \[B, T\] = \(1, 4\), got \(1, 3\)"):
+        ppo_clip_loss(LOGP, OLD_LOGP, torch.ones(1), MASK, token_penalty=torch.ones(1, 3))
 
 
 def test_gspo_ratio_is_the_geometric_mean_of_valid_token_ratios_clipped_per_sequence():
@@ -150,6 +228,14 @@ def test_gspo_ratio_is_the_geometric_mean_of_valid_token_ratios_clipped_per_sequ
     assert torch.allclose(loss, torch.tensor(-(1.00030005 + 1.0004) / 2))
     assert torch.allclose(metrics["ratio_mean"], torch.tensor((1.00030005 + 1.0010005) / 2))
     assert metrics["clip_fraction"] == 0.5
+
+
+def test_gspo_an_empty_sequence_counts_as_zero_in_the_mean_over_all_sequences():
+    logp = torch.zeros(2, 2)
+    loss, metrics = gspo_loss(logp, logp, torch.tensor([1.0, 5.0]), torch.tensor([[1, 1], [0, 0]]))
+    # seq 0: -1 * ratio 1; seq 1 has no token: 0, not -5 -> (-1 + 0) / 2
+    assert loss == -0.5
+    assert metrics["ratio_mean"] == 1.0 and metrics["clip_fraction"] == 0.0
 
 
 def test_gspo_gradient_is_spread_evenly_over_the_sequence_tokens():

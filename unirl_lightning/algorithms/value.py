@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from unirl_lightning.algorithms.losses import aggregate_loss, masked_mean
+from unirl_lightning.algorithms.losses import LossAggregation, aggregate_loss, masked_mean
 
 
 def last_token_rewards(rewards: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -32,17 +32,19 @@ def clipped_value_loss(
     returns: torch.Tensor,
     mask: torch.Tensor,
     value_clip: float | None,
-    aggregation: str,
+    aggregation: LossAggregation,
+    max_tokens: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``0.5 * max((V - R)^2, (V_clipped - R)^2)`` with ``V_clipped = V_old + clamp(V - V_old, +-value_clip)``
-    (PPO2, as in CleanRL); unclipped when ``value_clip`` is None. Returns ``(loss, vf_clip_fraction)``."""
+    (PPO2, as in CleanRL); unclipped when ``value_clip`` is None. Reduced with
+    ``aggregate_loss(..., aggregation, max_tokens)``. Returns ``(loss, vf_clip_fraction)``."""
     v_loss_unclipped = (values - returns) ** 2
     if value_clip is None:
         no_clip = torch.zeros((), device=values.device)
-        return 0.5 * aggregate_loss(v_loss_unclipped, mask, aggregation), no_clip
+        return 0.5 * aggregate_loss(v_loss_unclipped, mask, aggregation, max_tokens), no_clip
     v_clipped = old_values + torch.clamp(values - old_values, -value_clip, value_clip)
     v_loss_clipped = (v_clipped - returns) ** 2
-    loss = 0.5 * aggregate_loss(torch.max(v_loss_unclipped, v_loss_clipped), mask, aggregation)
+    loss = 0.5 * aggregate_loss(torch.max(v_loss_unclipped, v_loss_clipped), mask, aggregation, max_tokens)
     return loss, masked_mean((v_loss_clipped > v_loss_unclipped).float().detach(), mask)
 
 
