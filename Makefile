@@ -10,6 +10,10 @@ STAMP := $(VENV)/.installed
 
 .PHONY: demo test lint bench bench-engines clean
 
+# make test-vllm and make bench-engines: the vLLM tests and benchmark in .venv-vllm (defines VLLM_STAMP,
+# so it comes before the rules that name it)
+include mk/vllm.mk
+
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
@@ -26,7 +30,7 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(VENV)/bin/ruff check .
-	$(PY) -m pytest -m "not gpu" -q
+	$(PY) -m pytest -m "not gpu" -q --doctest-modules unirl_lightning tests
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
@@ -43,6 +47,3 @@ bench-engines: $(VLLM_STAMP)
 
 clean:
 	rm -rf $(VENV) $(VLLM_VENV) runs lightning_logs .pytest_cache
-
-# make test-vllm: the vLLM tests against a real CPU vLLM, in .venv-vllm
-include mk/vllm.mk

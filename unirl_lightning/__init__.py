@@ -14,44 +14,46 @@ from typing import Any
 __version__ = "0.1.0"
 
 _EXPORTS = {
+    # the strategy and the modules
     "AsyncRolloutStrategy": "unirl_lightning.strategy",
     "GRPOModule": "unirl_lightning.modules",
     "PPOModule": "unirl_lightning.modules",
+    "FlowGRPOModule": "unirl_lightning.modules",
+    "PolicyGradientModule": "unirl_lightning.modules",
     "RLModule": "unirl_lightning.modules",
     "RolloutSpec": "unirl_lightning.modules",
+    # callbacks
     "WeightSyncCallback": "unirl_lightning.callbacks",
     "RolloutEvalCallback": "unirl_lightning.callbacks",
     "WeightVersionLogger": "unirl_lightning.callbacks",
+    "SampleImageLogger": "unirl_lightning.callbacks",
+    # data
     "PromptDataModule": "unirl_lightning.data",
-    "HFEngineConfig": "unirl_lightning.engines.hf",
+    "ImagePromptDataModule": "unirl_lightning.data",
+    # policies
     "TinyCausalLM": "unirl_lightning.models",
     "PretrainedCausalLM": "unirl_lightning.models",
+    "TinyFlowModel": "unirl_lightning.models_diffusion",
+    "SD3FlowModel": "unirl_lightning.models_diffusion",
+    "LoraSpec": "unirl_lightning.lora",
+    # serving (the strategy's engine=) and weight sync (its weight_sync=)
+    "HFEngineConfig": "unirl_lightning.engines.hf",
+    "VLLMEngineConfig": "unirl_lightning.engines.vllm",
+    "SGLangEngineConfig": "unirl_lightning.engines.sglang",
+    "DiffusionEngineConfig": "unirl_lightning.engines.diffusion",
     "ObjectStoreWeightSync": "unirl_lightning.weight_sync",
     "CollectiveWeightSync": "unirl_lightning.weight_sync",
-    "RolloutWorkerGroup": "unirl_lightning.workers",
-    "BatchRolloutController": "unirl_lightning.rollout.controller",
-    "AgenticRolloutController": "unirl_lightning.rollout.agentic",
-    "launch_ceiling": "unirl_lightning.rollout.controller",
-    "RolloutLoop": "unirl_lightning.rollout.loop",
-    "Rollout": "unirl_lightning.rollout.types",
-    "RolloutRequest": "unirl_lightning.rollout.types",
-    "ExperienceBatch": "unirl_lightning.rollout.types",
-    "SamplingParams": "unirl_lightning.rollout.types",
+    # rewards
     "ExactMatchReward": "unirl_lightning.rewards",
     "MathVerifyReward": "unirl_lightning.rewards",
     "CallableReward": "unirl_lightning.rewards",
     "FormatReward": "unirl_lightning.rewards",
     "CombinedReward": "unirl_lightning.rewards",
-    "FlowGRPOModule": "unirl_lightning.modules.flow_grpo",
-    "ImagePromptDataModule": "unirl_lightning.modules.flow_grpo",
-    "DiffusionBatch": "unirl_lightning.modules.flow_grpo",
-    "DiffusionEngineConfig": "unirl_lightning.engines.diffusion",
-    "DiffusionSampling": "unirl_lightning.engines.diffusion",
-    "TinyFlowModel": "unirl_lightning.models_diffusion",
-    "SD3FlowModel": "unirl_lightning.models_diffusion",
-    "LoraSpec": "unirl_lightning.lora",
-    "VLLMEngineConfig": "unirl_lightning.engines.vllm",
-    "SGLangEngineConfig": "unirl_lightning.engines.sglang",
+    # the records a custom module trains on
+    "ExperienceBatch": "unirl_lightning.rollout.types",
+    "DiffusionBatch": "unirl_lightning.rollout.types",
+    "SamplingParams": "unirl_lightning.rollout.types",
+    "DiffusionSampling": "unirl_lightning.rollout.types",
 }
 
 __all__ = sorted(_EXPORTS)

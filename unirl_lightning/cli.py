@@ -9,37 +9,70 @@ colocated placement with async settings) are rejected before anything is instant
 
 from __future__ import annotations
 
+import importlib
+import importlib.util
+import inspect
 from typing import Any
 
+from jsonargparse import Namespace
 from lightning.pytorch import LightningDataModule
+from lightning.pytorch.callbacks import ProgressBar
 from lightning.pytorch.cli import LightningCLI
 
 from unirl_lightning.modules.base import RLModule
 
 
-def _init_args(node: Any) -> dict[str, Any]:
-    if node is None or isinstance(node, str):
-        return {}
-    getter = node.get if hasattr(node, "get") else lambda k, d=None: getattr(node, k, d)
-    args = getter("init_args", None)
-    if args is None:
-        return {}
-    return dict(args.items()) if hasattr(args, "items") else vars(args)
+def _strategy_settings(trainer: Any) -> dict[str, Any] | None:
+    """The rollout settings of ``trainer.strategy`` when it is an AsyncRolloutStrategy given by
+    class path, with the constructor's defaults for the keys not given; None otherwise."""
+    from unirl_lightning.strategy import AsyncRolloutStrategy
+
+    node = trainer.get("strategy") if trainer is not None else None
+    class_path = node.get("class_path") if hasattr(node, "get") else None
+    if not class_path:
+        return None
+    module, _, name = class_path.rpartition(".")
+    if not issubclass(getattr(importlib.import_module(module), name), AsyncRolloutStrategy):
+        return None
+    given = node.get("init_args")
+    given = dict(given.items()) if hasattr(given, "items") else vars(given or {})
+    defaults = inspect.signature(AsyncRolloutStrategy.__init__).parameters
+    return {
+        key: given.get(key, defaults[key].default) for key in ("placement", "max_staleness", "max_inflight")
+    }
 
 
 def check_combinations(config: Any) -> None:
-    """Reject configurations that parse but cannot run; the message names the keys."""
+    """Reject configurations that parse but cannot run, before anything is built; the message names
+    the keys (the rules are the strategy's own, :func:`check_rollout_settings`)."""
+    from unirl_lightning.strategy import check_rollout_settings
+
     trainer = config.get("trainer") if hasattr(config, "get") else None
-    if trainer is None:
+    settings = _strategy_settings(trainer)
+    if settings is None:
         return
-    strategy = _init_args(trainer.get("strategy"))
-    placement = strategy.get("placement", "separate")
-    max_staleness, max_inflight = strategy.get("max_staleness", 1), strategy.get("max_inflight", 2)
-    if placement == "colocate" and (max_staleness > 0 or max_inflight > 1):
-        raise ValueError(
-            "trainer.strategy.init_args.placement=colocate cannot overlap generation and training: it needs "
-            f"max_staleness: 0 and max_inflight: 1 (got {max_staleness} and {max_inflight}); use placement: separate"
-        )
+    try:
+        check_rollout_settings(**settings)
+    except ValueError as exc:
+        raise ValueError(f"trainer.strategy.init_args: {exc}") from None
+
+
+def add_rl_progress_bar(config: Any) -> None:
+    """Give the trainer the RL progress bar (RL steps, no ``v_num``) in place of Lightning's default,
+    unless the bar is off or the config names a progress bar of its own."""
+    trainer = config.get("trainer") if hasattr(config, "get") else None
+    if trainer is None or trainer.get("enable_progress_bar") is False:
+        return
+    callbacks = trainer.get("callbacks") or []
+    for callback in callbacks:
+        module, _, name = str(callback.get("class_path", "")).rpartition(".")
+        if module and issubclass(getattr(importlib.import_module(module), name), ProgressBar):
+            return
+    bar = "RLRichProgressBar" if importlib.util.find_spec("rich") else "RLProgressBar"
+    trainer["callbacks"] = [
+        *callbacks,
+        Namespace(class_path=f"unirl_lightning.callbacks.{bar}", init_args=Namespace()),
+    ]
 
 
 class UniRLCLI(LightningCLI):
@@ -55,7 +88,9 @@ class UniRLCLI(LightningCLI):
 
     def before_instantiate_classes(self) -> None:
         subcommand = self.config.get("subcommand")
-        check_combinations(self.config.get(subcommand) if subcommand else self.config)
+        config = self.config.get(subcommand) if subcommand else self.config
+        check_combinations(config)
+        add_rl_progress_bar(config)
 
 
 def run_cli(args: list[str] | None = None, **kwargs: Any) -> UniRLCLI:

@@ -7,13 +7,16 @@ rectified-flow model, with the conventions of :mod:`unirl_lightning.algorithms.f
 (``x_sigma = (1 - sigma) x0 + sigma noise``, the denoiser predicts ``v = noise - x0``):
 
 * ``denoiser``: the ``torch.nn.Module`` that is trained (a ``diffusers`` ``UNet2DModel`` or
-  ``SD3Transformer2DModel``), wrapped by :func:`apply_lora` when LoRA is on;
+  ``SD3Transformer2DModel``), wrapped by :func:`unirl_lightning.lora.apply_lora` with the
+  pipeline's ``lora_targets`` when LoRA is on;
 * ``sigmas(num_steps)``: the ``num_steps + 1`` noise levels of the sampler, from the model's
   ``FlowMatchEulerDiscreteScheduler`` (``1.0 ... 0.0``);
 * ``encode(records)`` / ``encode_null(n)``: the conditioning of each prompt record, and the
   unconditional one for classifier-free guidance;
 * ``velocity(denoiser, latents, sigma, cond)``: one denoiser call (``sigma`` is ``[B]``);
-* ``decode(latents)``: ``uint8`` images ``[B, H, W, 3]``.
+* ``decode(latents)``: ``uint8`` images ``[B, H, W, 3]``;
+* :func:`guided_velocity`: the (classifier-free guided) velocity the sampler steps with and the
+  trainer replays.
 
 Two specs:
 
@@ -39,9 +42,6 @@ from typing import Any
 
 import torch
 
-from unirl_lightning.lora import LoraSpec, effective_weights  # noqa: F401  re-exported
-from unirl_lightning.lora import apply_lora as _apply_lora
-
 log = logging.getLogger(__name__)
 
 ARCHS = ("unet", "sd3")
@@ -61,11 +61,6 @@ DEFAULT_LORA_TARGETS = {
 }
 
 
-def apply_lora(denoiser: torch.nn.Module, lora: LoraSpec, arch: str) -> torch.nn.Module:
-    """Wrap ``denoiser`` in ``peft`` LoRA with the architecture's default targets (see :mod:`unirl_lightning.lora`)."""
-    return _apply_lora(denoiser, lora, DEFAULT_LORA_TARGETS[arch])
-
-
 # -- what the engine and the module use ------------------------------------------------------------
 class FlowPipeline:
     """A flow-matching model as the sampler and the trainer see it (see the module docstring)."""
@@ -74,6 +69,11 @@ class FlowPipeline:
     latent_shape: tuple[int, int, int]
     conditional: bool = False
     arch: str = "unet"
+
+    @property
+    def lora_targets(self) -> tuple[str, ...]:
+        """The denoiser modules LoRA adapts by default for this architecture."""
+        return DEFAULT_LORA_TARGETS[self.arch]
 
     def __init__(self, scheduler: Any) -> None:
         self.scheduler = scheduler
@@ -406,3 +406,29 @@ class SD3FlowModel:
                 part.requires_grad_(False)
         pipe.set_progress_bar_config(disable=True)
         return SD3Pipeline(self, pipe)
+
+
+def _concat_cond(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    return {key: torch.cat([a[key], b[key]]) for key in a}
+
+
+def guided_velocity(
+    pipeline: FlowPipeline,
+    denoiser: torch.nn.Module,
+    latents: torch.Tensor,
+    sigma: torch.Tensor,
+    cond: dict[str, torch.Tensor],
+    null_cond: dict[str, torch.Tensor] | None,
+    guidance_scale: float,
+) -> torch.Tensor:
+    """The velocity the sampler steps with: ``v_null + g (v_cond - v_null)`` under guidance, else ``v_cond``.
+
+    Both the engine (sampling) and the trainer (replay) call this, so they compute alike.
+    """
+    if guidance_scale == 1.0 or null_cond is None:
+        return pipeline.velocity(denoiser, latents, sigma, cond)
+    both = pipeline.velocity(
+        denoiser, torch.cat([latents, latents]), torch.cat([sigma, sigma]), _concat_cond(null_cond, cond)
+    )
+    v_null, v_cond = both.chunk(2)
+    return v_null + guidance_scale * (v_cond - v_null)

@@ -1,17 +1,25 @@
 """AsyncRolloutStrategy: Lightning's training strategy plus the rollout side of an RL loop.
 
+The module says *what* is learned (its :class:`~unirl_lightning.modules.base.RolloutSpec`: policy
+spec, LoRA, reward, sampling, group size); the strategy says *where and how* it runs: which engine
+serves the policy (``engine``), on how many Ray workers with which resources, placed how, and how
+weights travel (``weight_sync``). Serving the same module with vLLM instead of HF is a change of
+strategy only.
+
 What it owns (built once, kept across repeated ``fit``/``validate`` calls on the same strategy):
-the rollout workers (Ray actors running the module's engine), the driver-side
+the rollout workers (Ray actors running the engine), the driver-side
 :class:`~unirl_lightning.rollout.controller.BatchRolloutController` (version ledger, buffers) and
 the weight-sync backend. For the training stage only it replaces the prompt dataloader with a
 :class:`~unirl_lightning.rollout.loop.RolloutLoop` through ``process_dataloader``, so
-``training_step`` receives :class:`~unirl_lightning.rollout.types.ExperienceBatch`\\ es.
+``training_step`` receives the module's batches. Its rollout state (the loop's position and the
+version ledger) goes into every checkpoint through ``save_checkpoint`` / ``load_checkpoint``.
 
 Guarantees: ``max_staleness=0, max_inflight=1`` is synchronous on-policy training; no trained
 sample is older than ``max_staleness`` versions; weights are pushed only while nothing is in flight
 (:meth:`sync_weights` quiesces first); evaluation never pushes and never changes the version.
 Workers are shut down on error and Ctrl-C (``on_exception``), by :meth:`shutdown`, and at exit.
-Only Lightning's public API is used.
+Callbacks depend on the strategy, never the reverse (the sync cadence is handed over by
+``WeightSyncCallback.setup`` as :attr:`sync_interval`). Only Lightning's public API is used.
 """
 
 from __future__ import annotations
@@ -20,26 +28,47 @@ import logging
 import math
 import os
 import time
-from typing import Any
+from typing import Any, Literal
 
 import torch
 from jsonargparse.typing import NonNegativeInt, PositiveInt
 from lightning.pytorch.strategies import SingleDeviceStrategy, StrategyRegistry
 
+from unirl_lightning.checks import require_at_least, require_choice
+from unirl_lightning.engines import EngineConfig, EngineName, check_engine_name, resolve_engine
 from unirl_lightning.rollout.controller import BatchRolloutController
 from unirl_lightning.rollout.loop import PendingBatch, RolloutLoop
-from unirl_lightning.rollout.types import RolloutRequest, SamplingParams
-from unirl_lightning.weight_sync import WeightSync, resolve_weight_sync
+from unirl_lightning.rollout.types import RolloutRequest
+from unirl_lightning.weight_sync import WeightSync, WeightSyncName, resolve_weight_sync
 
 log = logging.getLogger(__name__)
 
-PLACEMENTS = ("separate", "colocate")
+Placement = Literal["separate", "colocate"]
+DEFAULT_ENGINES = {"token": "hf", "diffusion": "diffusion"}
+"""``engine="auto"``: the engine each policy family is served with by default."""
+CHECKPOINT_KEY = "unirl_rollout"
+
+
+def check_rollout_settings(placement: str, max_staleness: int, max_inflight: int) -> None:
+    """The rules between rollout settings, checked once (the strategy and the CLI call this)."""
+    require_choice("placement", placement, Placement)
+    require_at_least("max_staleness", max_staleness, 0)
+    require_at_least("max_inflight", max_inflight, 1)
+    if placement == "colocate" and (max_staleness > 0 or max_inflight > 1):
+        raise ValueError(
+            "placement='colocate' runs generation and training on the same device in turn, so it cannot "
+            f"overlap them: it needs max_staleness=0 and max_inflight=1, got max_staleness={max_staleness}, "
+            f"max_inflight={max_inflight}; use placement='separate' for async training"
+        )
 
 
 class AsyncRolloutStrategy(SingleDeviceStrategy):
     """Train on one device while rollout workers generate asynchronously.
 
     Args:
+        engine: what serves the policy in the workers: ``"hf"``, ``"vllm"``, ``"sglang"``,
+            ``"diffusion"``, an :class:`~unirl_lightning.engines.EngineConfig`, or ``"auto"`` (the
+            module family's default: ``hf`` for LLM modules, ``diffusion`` for Flow-GRPO).
         max_staleness: a sample launched under weight version ``v`` is trained only while
             ``current_version - v <= max_staleness``. 0 = on-policy.
         max_inflight: rollout requests (one training step of prompts each) in flight at once.
@@ -55,7 +84,8 @@ class AsyncRolloutStrategy(SingleDeviceStrategy):
 
     Example::
 
-        trainer = Trainer(strategy=AsyncRolloutStrategy(max_staleness=1, max_inflight=2), max_steps=100)
+        trainer = Trainer(strategy=AsyncRolloutStrategy(engine="hf", max_staleness=1, max_inflight=2),
+                          max_steps=100)
         trainer.fit(GRPOModule(...), datamodule=PromptDataModule("digit_successor"))
     """
 
@@ -63,45 +93,38 @@ class AsyncRolloutStrategy(SingleDeviceStrategy):
 
     def __init__(
         self,
+        engine: EngineName | EngineConfig = "auto",
         max_staleness: NonNegativeInt = 1,
         max_inflight: PositiveInt = 2,
         num_workers: PositiveInt = 1,
         num_cpus_per_worker: float = 1,
         num_gpus_per_worker: float = 0,
-        placement: str = "separate",
-        weight_sync: str | WeightSync = "object_store",
+        placement: Placement = "separate",
+        weight_sync: WeightSyncName | WeightSync = "object_store",
         device: str = "auto",
         seed: int = 0,
-        trainer_threads: int | None = None,
+        trainer_threads: PositiveInt | None = None,
     ) -> None:
-        if max_staleness < 0:
-            raise ValueError(f"max_staleness must be >= 0, got {max_staleness}")
-        if max_inflight < 1:
-            raise ValueError(f"max_inflight must be >= 1, got {max_inflight}")
-        if num_workers < 1:
-            raise ValueError(f"num_workers must be >= 1, got {num_workers}")
-        if placement not in PLACEMENTS:
-            raise ValueError(f"placement must be one of {PLACEMENTS}, got {placement!r}")
-        if placement == "colocate" and (max_staleness > 0 or max_inflight > 1):
-            raise ValueError(
-                "placement='colocate' runs generation and training on the same device in turn, so it cannot "
-                f"overlap them: it needs max_staleness=0 and max_inflight=1, got max_staleness={max_staleness}, "
-                f"max_inflight={max_inflight}; use placement='separate' for async training"
-            )
+        check_rollout_settings(placement, max_staleness, max_inflight)
+        if isinstance(engine, str):
+            check_engine_name(engine)
+        require_at_least("num_workers", num_workers, 1)
+        if trainer_threads is not None:
+            require_at_least("trainer_threads", trainer_threads, 1)
         if device == "auto":
             device = "cuda:0" if torch.cuda.is_available() else "cpu"
         super().__init__(device=torch.device(device))
-        self.max_staleness = max_staleness
-        self.max_inflight = max_inflight
-        self.num_workers = num_workers
+        self.engine = engine
+        self.max_staleness = int(max_staleness)
+        self.max_inflight = int(max_inflight)
+        self.num_workers = int(num_workers)
         self.num_cpus_per_worker = num_cpus_per_worker
         self.num_gpus_per_worker = num_gpus_per_worker
         self.placement = placement
         self.weight_sync: WeightSync = resolve_weight_sync(weight_sync)
         self.seed = seed
-        if trainer_threads is not None and trainer_threads < 1:
-            raise ValueError(f"trainer_threads must be >= 1 or None, got {trainer_threads}")
         self.trainer_threads = trainer_threads
+        self.sync_interval: int | None = None  # handed over by WeightSyncCallback.setup
         self.workers: Any = None
         self.controller: BatchRolloutController | None = None
         self.loop: RolloutLoop | None = None
@@ -111,21 +134,11 @@ class AsyncRolloutStrategy(SingleDeviceStrategy):
     # -- lifecycle ------------------------------------------------------------------------------
     def setup(self, trainer: Any) -> None:
         super().setup(trainer)
-        from unirl_lightning.callbacks import WeightSyncCallback, WeightVersionLogger
-
-        # the two callbacks the contract relies on are added when the user did not configure them
-        if not any(isinstance(c, WeightSyncCallback) for c in trainer.callbacks):
-            trainer.callbacks.append(WeightSyncCallback())
-        if not any(isinstance(c, WeightVersionLogger) for c in trainer.callbacks):
-            trainer.callbacks.append(WeightVersionLogger())
         if self.root_device.type == "cpu":
             threads = self.trainer_threads
             if threads is None:
-                busy = (
-                    math.ceil(self.num_workers * self.num_cpus_per_worker)
-                    if not os.environ.get("RAY_ADDRESS")
-                    else 0
-                )
+                local = not os.environ.get("RAY_ADDRESS")
+                busy = math.ceil(self.num_workers * self.num_cpus_per_worker) if local else 0
                 threads = max(1, (os.cpu_count() or 1) - busy)
             torch.set_num_threads(threads)
         if self.workers is None:
@@ -135,8 +148,17 @@ class AsyncRolloutStrategy(SingleDeviceStrategy):
         from unirl_lightning.workers import RolloutWorkerGroup
 
         spec = module.rollout_spec()
+        if spec.max_inflight is not None and self.max_inflight > spec.max_inflight:
+            raise ValueError(
+                f"max_inflight must be <= {spec.max_inflight} for {type(module).__name__}, got "
+                f"{self.max_inflight}: {spec.max_inflight_reason}"
+            )
+        engine = resolve_engine(self.engine, DEFAULT_ENGINES[spec.family], spec.family)
+        engine.validate(spec.policy, spec.lora)
         self.workers = RolloutWorkerGroup(
-            spec.engine_config,
+            engine,
+            spec.policy,
+            spec.lora,
             reward=spec.reward,
             num_workers=self.num_workers,
             num_cpus_per_worker=self.num_cpus_per_worker,
@@ -159,23 +181,31 @@ class AsyncRolloutStrategy(SingleDeviceStrategy):
         trainer = self.lightning_module.trainer
         if not trainer.training:  # validation/test/predict dataloaders pass through untouched
             return dataloader
-        from unirl_lightning.callbacks import WeightSyncCallback
+        if self.sync_interval is None:
+            raise RuntimeError(
+                "no weight-sync cadence: add a WeightSyncCallback to the trainer (RLModule subclasses add "
+                "one by default through configure_callbacks)"
+            )
+        spec = self.lightning_module.rollout_spec()
 
-        module = self.lightning_module
-        spec = module.rollout_spec()
-        sync = next(c for c in trainer.callbacks if isinstance(c, WeightSyncCallback))
+        def build_request(records: list[dict[str, Any]], gen_id: int) -> RolloutRequest:
+            return RolloutRequest(
+                records=records,
+                n=spec.num_generations,
+                sampling=spec.sampling,
+                seed=self.seed + gen_id,
+                gen_id=gen_id,
+            )
+
         self.loop = RolloutLoop(
             dataloader,
             self.controller,
-            num_generations=spec.num_generations,
-            sampling=spec.sampling,
+            collate=spec.collate,
+            build_request=build_request,
             max_staleness=self.max_staleness,
             max_inflight=self.max_inflight,
-            sync_interval=sync.every_n_steps,
-            pad_token_id=spec.pad_token_id,
-            seed=self.seed,
+            sync_interval=self.sync_interval,
             order=spec.order,
-            collate=spec.collate,
         )
         if self._loop_state is not None:
             self.loop.load_state_dict(self._loop_state)
@@ -219,14 +249,15 @@ class AsyncRolloutStrategy(SingleDeviceStrategy):
         }
         return self.last_sync
 
-    def evaluate(self, records: list[dict[str, Any]], sampling: SamplingParams, n: int = 1, seed: int = 0):
+    def evaluate(
+        self, records: list[dict[str, Any]], sampling: Any, n: int = 1, seed: int = 0
+    ) -> list[list[Any]]:
         """Generate and score ``records`` with the weights the workers hold now. Read-only: it neither
         pushes weights nor changes the version, and it does not touch the training buffers."""
         if self.workers is None:
             raise RuntimeError("evaluate was called before the strategy was set up (call trainer.fit first)")
         request = RolloutRequest(records=records, n=n, sampling=sampling, seed=seed, gen_id=-1)
-        result = self.workers.generate(request).result()
-        return result["groups"]
+        return self.workers.generate(request).result()["groups"]
 
     @property
     def weight_version(self) -> int:
@@ -234,6 +265,7 @@ class AsyncRolloutStrategy(SingleDeviceStrategy):
 
     # -- checkpointing --------------------------------------------------------------------------
     def rollout_state_dict(self) -> dict[str, Any]:
+        """The loop's position and the version ledger (plain Python types)."""
         if self.loop is not None:
             return self.loop.state_dict()
         return dict(self._loop_state or {})
@@ -249,6 +281,16 @@ class AsyncRolloutStrategy(SingleDeviceStrategy):
                 start_gen_id=state["next_gen_id"],
                 start_weight_version=state["weight_version"],
             )
+
+    def save_checkpoint(self, checkpoint: dict[str, Any], filepath: Any, storage_options: Any = None) -> None:
+        checkpoint[CHECKPOINT_KEY] = self.rollout_state_dict()
+        super().save_checkpoint(checkpoint, filepath, storage_options)
+
+    def load_checkpoint(self, checkpoint_path: Any, weights_only: bool | None = None) -> dict[str, Any]:
+        checkpoint = super().load_checkpoint(checkpoint_path, weights_only)
+        if CHECKPOINT_KEY in checkpoint:
+            self.load_rollout_state_dict(checkpoint[CHECKPOINT_KEY])
+        return checkpoint
 
     # -- teardown -------------------------------------------------------------------------------
     def on_exception(self, exception: BaseException) -> None:

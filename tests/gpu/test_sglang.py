@@ -45,18 +45,16 @@ def test_module_imports_without_sglang():
 def test_build_without_sglang_names_the_extra(monkeypatch):
     monkeypatch.setitem(sys.modules, "sglang", None)  # what `import sglang` sees where it is not installed
     with pytest.raises(ImportError, match=r"pip install 'unirl-lightning\[sglang\]'"):
-        SGLangEngineConfig(policy=tiny_policy()).build()
+        SGLangEngineConfig().build(tiny_policy())
 
 
 def test_original_logprob_mode_is_refused(monkeypatch):
     monkeypatch.setenv("SGLANG_RETURN_ORIGINAL_LOGPROB", "1")
     with pytest.raises(ValueError, match="temperature-1 log-probs"):
-        SGLangEngineConfig(policy=tiny_policy()).build()
+        SGLangEngineConfig().build(tiny_policy())
 
 
 def test_bad_config_values_are_rejected():
-    with pytest.raises(ValueError, match="policy is None"):
-        SGLangEngineConfig().build()
     with pytest.raises(ValueError, match="mem_fraction_static must be in"):
         SGLangEngineConfig(mem_fraction_static=1.5)
     with pytest.raises(ValueError, match="bucket_mb must be > 0"):
@@ -70,11 +68,10 @@ needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="SGLang ne
 
 def start(**overrides):
     pytest.importorskip("sglang", reason="SGLang is not installed: pip install 'unirl-lightning[sglang]'")
-    kwargs = dict(
-        policy=tiny_policy(), mem_fraction_static=0.2, engine_kwargs={"attention_backend": "triton"}
-    )
+    lora = overrides.pop("lora", None)
+    kwargs = dict(mem_fraction_static=0.2, engine_kwargs={"attention_backend": "triton"})
     kwargs.update(overrides)
-    return SGLangEngineConfig(**kwargs).build()
+    return SGLangEngineConfig(**kwargs).build(tiny_policy(), lora)
 
 
 def hf_model(seed: int = 0):

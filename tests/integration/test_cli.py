@@ -63,7 +63,10 @@ def test_colocate_with_async_settings_is_rejected_before_instantiation(tmp_path)
     path = write_recipe(
         tmp_path, lambda c: c["trainer"]["strategy"]["init_args"].update(placement="colocate")
     )
-    with pytest.raises(ValueError, match="placement=colocate.*max_staleness: 0 and max_inflight: 1"):
+    with pytest.raises(
+        ValueError,
+        match=r"trainer.strategy.init_args: placement='colocate'.*needs max_staleness=0 and max_inflight=1",
+    ):
         run_cli(["--config", str(path)], run=False)
 
 

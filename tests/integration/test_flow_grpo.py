@@ -6,19 +6,28 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
 import torch
 from lightning.pytorch import seed_everything
 
-from tests.integration.grpo_helpers import StepRecorder, count_pushes, make_trainer
+from tests.builders import StepRecorder, count_pushes, make_trainer
+from tests.fakes import FakePending
 from tests.integration.parse_only import ParseOnlyCLI, init_args
-from unirl_lightning.callbacks import RolloutEvalCallback, WeightSyncCallback, WeightVersionLogger
+from unirl_lightning.callbacks import (
+    RolloutEvalCallback,
+    SampleImageLogger,
+    WeightSyncCallback,
+    WeightVersionLogger,
+)
 from unirl_lightning.cli import run_cli
+from unirl_lightning.data import ImagePromptDataModule
+from unirl_lightning.engines.diffusion import DiffusionEngineConfig
 from unirl_lightning.lora import LoraSpec, effective_weights
 from unirl_lightning.models_diffusion import TinyFlowModel
-from unirl_lightning.modules.flow_grpo import FlowGRPOModule, ImagePromptDataModule
+from unirl_lightning.modules import FlowGRPOModule
 from unirl_lightning.rollout.controller import BatchRolloutController
 from unirl_lightning.rollout.loop import RolloutLoop
 from unirl_lightning.rollout.types import RolloutRequest
@@ -41,9 +50,7 @@ def tiny_policy(tmp_path_factory) -> TinyFlowModel:
 
 
 def tiny_module(policy: TinyFlowModel, **overrides) -> FlowGRPOModule:
-    kwargs = dict(
-        policy=policy, num_generations=4, num_steps=4, eta=1.0, lr=1e-3, clip_range=1e-3, log_images=4
-    )
+    kwargs = dict(policy=policy, num_generations=4, num_steps=4, eta=1.0, lr=1e-3, clip_range=1e-3)
     kwargs.update(overrides)
     return FlowGRPOModule(**kwargs)
 
@@ -56,7 +63,13 @@ def on_policy_run(tmp_path_factory, ray_local, tiny_policy):
     pushes = count_pushes(strategy)
     recorder = StepRecorder()
     evaluator = RolloutEvalCallback(every_n_steps=2, num_prompts=4, num_generations=2)
-    callbacks = [WeightSyncCallback(), WeightVersionLogger(), evaluator, recorder]
+    callbacks = [
+        WeightSyncCallback(),
+        WeightVersionLogger(),
+        evaluator,
+        recorder,
+        SampleImageLogger(num_images=4),
+    ]
     trainer = make_trainer(tmp_path_factory.mktemp("onpolicy"), strategy, 4, callbacks)
     module = tiny_module(tiny_policy)
     trainer.fit(module, datamodule=ImagePromptDataModule(batch_size=2, num_val_prompts=4))
@@ -112,7 +125,8 @@ def test_sample_images_are_logged_before_and_after_training(on_policy_run):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     trainer, module, _, _, _ = on_policy_run
-    assert {k: tuple(v.shape) for k, v in module.sample_images.items()} == {
+    (logger,) = [c for c in trainer.callbacks if isinstance(c, SampleImageLogger)]
+    assert {k: tuple(v.shape) for k, v in logger.images.items()} == {
         "before": (4, 8, 8, 3),
         "after": (4, 8, 8, 3),
     }
@@ -128,7 +142,9 @@ def test_sample_images_are_logged_before_and_after_training(on_policy_run):
 def test_more_than_one_diffusion_request_in_flight_is_refused_saying_why(tmp_path, tiny_policy):
     strategy = AsyncRolloutStrategy(max_staleness=1, max_inflight=2)
     trainer = make_trainer(tmp_path, strategy, 1, [])
-    with pytest.raises(ValueError, match=r"max_inflight=1\), got max_inflight=2: .*~150 s instead of ~8 s"):
+    with pytest.raises(
+        ValueError, match=r"max_inflight must be <= 1 for FlowGRPOModule, got 2: .*~150 s instead of ~8 s"
+    ):
         trainer.fit(tiny_module(tiny_policy), datamodule=ImagePromptDataModule(batch_size=2))
     assert strategy.workers is None, "no worker may start for a refused configuration"
 
@@ -141,7 +157,8 @@ def test_lora_sync_moves_a_small_fraction_of_full_bytes_and_matches_effective_we
         for param in lora_module.policy.parameters():
             if param.requires_grad:
                 param.add_(0.05 * torch.randn_like(param))
-    workers = RolloutWorkerGroup(lora_module.rollout_spec().engine_config)
+    spec = lora_module.rollout_spec()
+    workers = RolloutWorkerGroup(DiffusionEngineConfig(), spec.policy, spec.lora)
     collective = CollectiveWeightSync(timeout_s=60)
     try:
         for version, sync in ((1, ObjectStoreWeightSync()), (2, collective)):
@@ -167,41 +184,23 @@ class FakeRollout:
     weight_version: int = -1
 
 
-@dataclass
-class FakeJob:
-    """A launched request that finishes when the test says so (``finish``) or when waited on."""
-
-    log: list
-    gen_id: int
-    records: list
-    done: bool = False
-    reaped: bool = False
-
-    def ready(self) -> bool:
-        return self.done
-
-    def wait(self) -> None:
-        self.done = True
-
-    def result(self) -> dict:
-        self.reaped = True
-        self.log.append(("reap", self.gen_id))
-        return {"groups": [[FakeRollout(), FakeRollout()] for _ in self.records], "generate_s": 0.01}
-
-
 def run_recorded_loop(order: str, max_inflight: int, steps: int = 6, sync_every: int = 2):
     """Drive a RolloutLoop like the strategy does; jobs finish while a step trains. Returns the event log
     and the launches that happened while a finished result was still unreaped."""
     log: list = []
-    jobs: list[FakeJob] = []
+    jobs: list[FakePending] = []
     violations: list[int] = []
-    gen_ids = iter(range(10**6))
 
-    def launch(request: RolloutRequest) -> FakeJob:
-        if any(job.done and not job.reaped for job in jobs):
+    def launch(request: RolloutRequest) -> FakePending:
+        if any(job.is_ready and not job.result_calls for job in jobs):
             violations.append(request.gen_id)
-        job = FakeJob(log, next(gen_ids), request.records)
-        log.append(("launch", job.gen_id))
+        groups = [[FakeRollout(), FakeRollout()] for _ in request.records]
+        gen_id = request.gen_id
+        job = FakePending(
+            {"groups": groups, "generate_s": 0.01, "score_s": 0.0},
+            on_result=lambda: log.append(("reap", gen_id)),
+        )
+        log.append(("launch", gen_id))
         jobs.append(job)
         return job
 
@@ -211,20 +210,18 @@ def run_recorded_loop(order: str, max_inflight: int, steps: int = 6, sync_every:
     loop = RolloutLoop(
         prompts,
         controller,
-        num_generations=2,
-        sampling=None,
+        collate=lambda groups: SimpleNamespace(groups=groups, stats={}),
+        build_request=lambda records, gen_id: RolloutRequest(records=records, n=2, gen_id=gen_id),
         max_staleness=1,
         max_inflight=max_inflight,
         sync_interval=sync_every,
-        pad_token_id=0,
         order=order,
-        collate=lambda groups, pad, stats: groups,
     )
     for step in range(steps):
         loop.next_batch()
         log.append(("train", step))
         for job in jobs:  # everything in flight finishes while the step trains
-            job.done = True
+            job.is_ready = True
         if loop.steps % sync_every == 0:
             controller.quiesce()
             controller.sync_weights(lambda version: None)
@@ -252,9 +249,9 @@ def test_gpu_recipe_parses_with_sd35_lora_pickscore_and_one_request_in_flight():
         args=["--config", str(EXAMPLES / "flow_grpo_sd35_pickscore.yaml")], run=False
     ).config
     model = config.model.init_args
-    assert config.model.class_path == "unirl_lightning.modules.flow_grpo.FlowGRPOModule"
+    assert config.model.class_path == "unirl_lightning.modules.FlowGRPOModule"
     assert init_args(model.policy).path == "stabilityai/stable-diffusion-3.5-medium"
-    assert model.reward.class_path == "unirl_lightning.rewards.image.PickScoreReward"
+    assert model.reward.class_path == "unirl_lightning.rewards.image_models.PickScoreReward"
     assert init_args(model.lora).rank == 32 and model.eta == 0.7
     assert config.trainer.strategy.init_args.max_inflight == 1
 
@@ -273,9 +270,8 @@ def test_tiny_recipe_reward_goes_up_asynchronously(tmp_path, ray_local, tiny_pol
             f"--trainer.logger.init_args.save_dir={tmp_path}",
             f"--model.init_args.policy.init_args.pretrain_steps={PRETRAIN_STEPS}",
             f"--model.init_args.policy.init_args.cache_dir={tiny_policy.cache_dir}",
-            "--model.init_args.log_images=0",
         ],
-        trainer_defaults={"callbacks": [recorder]},
+        trainer_defaults={"callbacks": [recorder, SampleImageLogger(num_images=0)]},
     )
     try:
         evaluator = next(c for c in cli.trainer.callbacks if isinstance(c, RolloutEvalCallback))

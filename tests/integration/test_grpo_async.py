@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.integration.grpo_helpers import count_pushes, fit_tiny, tiny_module
+from tests.builders import count_pushes, fit_tiny, tiny_module
 from unirl_lightning.strategy import AsyncRolloutStrategy
 from unirl_lightning.tb import histogram_tags, read_scalars
 from unirl_lightning.weight_sync import CollectiveWeightSync, ObjectStoreWeightSync
@@ -93,10 +93,10 @@ def test_async_every_gen_id_trained_at_most_once_and_none_lost(async_run):
     assert len(trained) == len(set(trained)), "a gen_id was trained twice"
     launched = set(range(loop.controller.next_gen_id))
     leftover = set(loop.untrained)  # launched, still buffered or in flight at the end
-    evicted = set(loop.evicted_gen_ids)
+    evicted = set(loop.recent_evicted_gen_ids)
     assert launched == set(trained) | evicted | leftover, "a launched request was silently lost"
     assert not (set(trained) & evicted)
-    assert loop.evicted_groups == len(loop.evicted_gen_ids)  # one entry per evicted group
+    assert loop.evicted_groups == len(loop.recent_evicted_gen_ids)  # one entry per evicted group
 
 
 def test_eval_neither_pushes_weights_nor_changes_version(async_run):

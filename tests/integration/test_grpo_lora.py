@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.integration.grpo_helpers import fit_tiny, tiny_module
+from tests.builders import fit_tiny, tiny_module
 from unirl_lightning.lora import LoraSpec, effective_weights
 from unirl_lightning.strategy import AsyncRolloutStrategy
 
@@ -36,17 +36,3 @@ def test_lora_push_is_adapter_only_and_workers_match_the_merged_trainer(tmp_path
         assert all("train/kl" in s["metrics"] for s in recorder.steps)
     finally:
         strategy.shutdown()
-
-
-def test_engine_lora_that_differs_from_the_module_is_refused():
-    from unirl_lightning.engines.hf import HFEngineConfig
-
-    with pytest.raises(ValueError, match="rollout.lora=.*differs from the module's lora"):
-        tiny_module(lora=LoraSpec(rank=2), rollout=HFEngineConfig(lora=LoraSpec(rank=4)))
-
-
-def test_unknown_engine_name_lists_the_engines_and_the_extras():
-    with pytest.raises(
-        ValueError, match=r"unknown engine 'tgi': choose one of \['hf', 'sglang', 'vllm'\].*\[vllm\]"
-    ):
-        tiny_module(rollout="tgi")

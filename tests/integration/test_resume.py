@@ -6,7 +6,7 @@ import pytest
 from lightning.pytorch import Trainer, seed_everything
 from lightning.pytorch.callbacks import ModelCheckpoint
 
-from tests.integration.grpo_helpers import StepRecorder, tiny_module
+from tests.builders import StepRecorder, tiny_module
 from unirl_lightning.callbacks import WeightSyncCallback
 from unirl_lightning.data import PromptDataModule
 from unirl_lightning.strategy import AsyncRolloutStrategy

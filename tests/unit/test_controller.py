@@ -7,6 +7,7 @@ from typing import Any
 
 import pytest
 
+from tests.fakes import FakePending
 from unirl_lightning.rollout.controller import (
     BatchRolloutController,
     InflightPool,
@@ -14,32 +15,6 @@ from unirl_lightning.rollout.controller import (
     VersionedBuffer,
     launch_ceiling,
 )
-
-
-class FakePending:
-    """A pending generation the test controls: becomes ready on demand, can fail its next result()."""
-
-    def __init__(self, value: Any, ready: bool = False) -> None:
-        self.value = value
-        self.is_ready = ready
-        self.failures_left = 0
-        self.failure: BaseException = RuntimeError("generation failed")
-        self.result_calls = 0
-        self.wait_calls = 0
-
-    def ready(self) -> bool:
-        return self.is_ready
-
-    def wait(self) -> None:
-        self.wait_calls += 1
-        self.is_ready = True
-
-    def result(self) -> Any:
-        self.result_calls += 1
-        if self.failures_left:
-            self.failures_left -= 1
-            raise self.failure
-        return self.value
 
 
 class FakeLauncher:

@@ -17,30 +17,12 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
+from tests.fakes import FakePending
 from unirl_lightning.rollout.controller import BatchRolloutController, StampedGroup
 
 
 class InjectedFailure(Exception):
     """A failure the test injected; never raised by the controller itself."""
-
-
-class FakePending:
-    def __init__(self, groups_per_job: int) -> None:
-        self.groups_per_job = groups_per_job
-        self.is_ready = False
-        self.fail_result_once = False
-
-    def ready(self) -> bool:
-        return self.is_ready
-
-    def wait(self) -> None:
-        self.is_ready = True
-
-    def result(self) -> int:
-        if self.fail_result_once:
-            self.fail_result_once = False
-            raise InjectedFailure("result")
-        return self.groups_per_job
 
 
 class ControllerMachine(RuleBasedStateMachine):
@@ -103,7 +85,8 @@ class ControllerMachine(RuleBasedStateMachine):
         if gen_id is None:
             return
         if where == "result":
-            self.pendings[gen_id].fail_result_once = True
+            self.pendings[gen_id].failures_left = 1
+            self.pendings[gen_id].failure = InjectedFailure("result")
         else:
             self.fail_complete_once.add(gen_id)
 

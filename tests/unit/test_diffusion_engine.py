@@ -11,17 +11,13 @@ import pytest
 import torch
 
 from unirl_lightning.algorithms import sde_step
-from unirl_lightning.engines.diffusion import (
-    DiffusionEngineConfig,
-    DiffusionSampling,
-    guided_velocity,
-)
+from unirl_lightning.engines.diffusion import DiffusionEngineConfig
 from unirl_lightning.lora import LoraSpec
-from unirl_lightning.models_diffusion import TinyFlowModel
-from unirl_lightning.modules.flow_grpo import DiffusionBatch, FlowGRPOModule
+from unirl_lightning.models_diffusion import TinyFlowModel, guided_velocity
+from unirl_lightning.modules import FlowGRPOModule
 from unirl_lightning.rewards import RewardError
 from unirl_lightning.rewards.image import CallableImageReward, TargetColorReward
-from unirl_lightning.rollout.types import RolloutRequest
+from unirl_lightning.rollout.types import DiffusionBatch, DiffusionSampling, RolloutRequest
 from unirl_lightning.workers.group import RolloutWorker
 
 RANDOM_TINY = TinyFlowModel(pretrain_steps=0)  # random init: these tests pin mechanics, not image quality
@@ -30,7 +26,7 @@ RANDOM_TINY = TinyFlowModel(pretrain_steps=0)  # random init: these tests pin me
 @pytest.fixture(scope="module")
 def engine():
     torch.set_num_threads(1)
-    return DiffusionEngineConfig(policy=RANDOM_TINY, device="cpu").build()
+    return DiffusionEngineConfig(device="cpu").build(RANDOM_TINY)
 
 
 def request(records, n=3, seed=7, **sampling):
@@ -63,9 +59,7 @@ def test_negative_eta_is_refused_naming_the_value():
 def test_guidance_needs_a_conditional_model_and_labels_are_checked(engine):
     with pytest.raises(ValueError, match=r"guidance_scale=3\.0 needs a conditional model"):
         engine.generate(request([{"prompt": ""}], guidance_scale=3.0))
-    conditional = DiffusionEngineConfig(
-        policy=TinyFlowModel(num_classes=2, pretrain_steps=0), device="cpu"
-    ).build()
+    conditional = DiffusionEngineConfig(device="cpu").build(TinyFlowModel(num_classes=2, pretrain_steps=0))
     with pytest.raises(ValueError, match=r"'label' to be an int in \[0, 2\), got 5"):
         conditional.generate(request([{"prompt": "x", "label": 5}]))
 
@@ -141,7 +135,7 @@ def test_load_weights_takes_full_weights_or_adapters_by_name_and_refuses_foreign
     assert all(torch.equal(engine.state_dict()[k], v) for k, v in state.items())
     with pytest.raises(KeyError, match="'not.a.weight' is not a parameter"):
         engine.load_weights([("not.a.weight", torch.zeros(1))], 4)
-    lora = DiffusionEngineConfig(policy=RANDOM_TINY, lora=LoraSpec(rank=2), device="cpu").build()
+    lora = DiffusionEngineConfig(device="cpu").build(RANDOM_TINY, LoraSpec(rank=2))
     with pytest.raises(KeyError, match="takes adapter tensors only"):
         lora.load_weights(state.items(), 1)
 
@@ -152,15 +146,17 @@ def bad_shape(images, records):
 
 
 def test_the_worker_scores_each_rollouts_image_and_a_bad_reward_shape_fails_naming_it():
-    config = DiffusionEngineConfig(policy=RANDOM_TINY, device="cpu")
+    config = DiffusionEngineConfig(device="cpu")
     reward = TargetColorReward((0.0, 1.0, 0.0))
-    result = RolloutWorker(config, reward).generate(request([{"prompt": ""}], n=4, num_steps=3))
+    result = RolloutWorker(config, RANDOM_TINY, None, reward).generate(
+        request([{"prompt": ""}], n=4, num_steps=3)
+    )
     group = result["groups"][0]
     assert [r.reward for r in group] == pytest.approx(reward([r.image for r in group], [{}] * 4))
     with pytest.raises(
         RewardError, match=r"'bad_shape' returned .* of shape \(4, 1, 2\); expected shape \(4,\)"
     ):
-        RolloutWorker(config, CallableImageReward(bad_shape)).generate(
+        RolloutWorker(config, RANDOM_TINY, None, CallableImageReward(bad_shape)).generate(
             request([{"prompt": ""}], n=4, num_steps=3)
         )
 
@@ -170,7 +166,7 @@ def test_collate_stacks_groups_in_order_and_refuses_mixed_windows(engine):
     groups = engine.generate(request([{"prompt": "a"}, {"prompt": "b"}], n=2, num_steps=3))
     for i, rollout in enumerate(r for g in groups for r in g):
         rollout.reward, rollout.weight_version, rollout.gen_id = float(i), 5, 9
-    batch = DiffusionBatch.collate(groups, stats={"rollout/reward_mean": 1.5})
+    batch = DiffusionBatch.collate(groups)
     assert batch.num_rows == 4 and batch.group_size == 2 and batch.latents.shape == (4, 3, 3, 8, 8)
     assert batch.rewards.tolist() == [0, 1, 2, 3] and batch.weight_versions.tolist() == [5] * 4
     assert [r["prompt"] for r in batch.records] == ["a", "a", "b", "b"]
@@ -191,13 +187,13 @@ def test_kl_to_the_reference_is_zero_at_the_start_and_grows_when_the_policy_move
         module.ref_policy = copy.deepcopy(module.policy).requires_grad_(False)
     groups = engine.generate(request([{"prompt": ""}], n=2, num_steps=3))
     batch = DiffusionBatch.collate(groups)
-    batch.advantages = torch.tensor([1.0, -1.0])
-    cond = module.pipeline.encode(batch.records, torch.device("cpu"))
-    _, metrics = module.replay_step(batch, 0, cond, None)
+    context = module.prepare_batch(batch) | {"advantages": torch.tensor([1.0, -1.0])}
+    _, metrics = module.replay_step(batch, 0, context)
     assert metrics["kl"] < 1e-12
+    generator = torch.Generator().manual_seed(0)
     with torch.no_grad():
         for param in module.policy.parameters():
             if param.requires_grad:
-                param.add_(0.05 * torch.randn_like(param))
-    loss, metrics = module.replay_step(batch, 0, cond, None)
+                param.add_(0.2 * torch.randn(param.shape, generator=generator))
+    loss, metrics = module.replay_step(batch, 0, context)
     assert metrics["kl"] > 1e-6 and loss.requires_grad

@@ -10,15 +10,14 @@ import torch
 
 from unirl_lightning.rewards import RewardError, score_batch
 from unirl_lightning.rewards.image import (
-    AestheticReward,
     BrightnessReward,
     CallableImageReward,
     JpegCompressibilityReward,
     JpegIncompressibilityReward,
-    PickScoreReward,
     TargetColorReward,
     to_uint8_images,
 )
+from unirl_lightning.rewards.image_models import AestheticReward, PickScoreReward
 
 
 def solid(rgb: tuple[int, int, int], size: int = 16) -> np.ndarray:

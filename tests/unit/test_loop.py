@@ -2,27 +2,15 @@
 
 from __future__ import annotations
 
-import pytest
+import functools
+
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tests.fakes import FakePending
 from unirl_lightning.rollout.controller import BatchRolloutController
 from unirl_lightning.rollout.loop import PendingBatch, RolloutLoop
-from unirl_lightning.rollout.types import Rollout, SamplingParams
-
-
-class Ready:
-    def __init__(self, value):
-        self.value = value
-
-    def ready(self):
-        return True
-
-    def wait(self):
-        pass
-
-    def result(self):
-        return self.value
+from unirl_lightning.rollout.types import ExperienceBatch, Rollout, RolloutRequest, SamplingParams
 
 
 def fake_generate(request):
@@ -40,11 +28,21 @@ def fake_generate(request):
         ]
         for r in request.records
     ]
-    return Ready({"groups": groups, "generate_s": 0.01})
+    return FakePending({"groups": groups, "generate_s": 0.01, "score_s": 0.0}, ready=True)
+
+
+def build_request(records, gen_id):
+    return RolloutRequest(records=records, n=2, sampling=SamplingParams(max_new_tokens=1), gen_id=gen_id)
 
 
 def make_loop(
-    prompts, max_staleness=0, max_inflight=1, sync_interval=1, launched=None, generate=fake_generate
+    prompts,
+    max_staleness=0,
+    max_inflight=1,
+    sync_interval=1,
+    launched=None,
+    generate=fake_generate,
+    start_gen_id=0,
 ):
     def launch(request):
         if launched is not None:
@@ -52,16 +50,17 @@ def make_loop(
         return generate(request)
 
     holder = {}
-    ctl = BatchRolloutController(launch, complete=lambda g, v, res: holder["loop"].complete(g, v, res))
+    ctl = BatchRolloutController(
+        launch, complete=lambda g, v, res: holder["loop"].complete(g, v, res), start_gen_id=start_gen_id
+    )
     loop = RolloutLoop(
         prompts,
         ctl,
-        num_generations=2,
-        sampling=SamplingParams(max_new_tokens=1),
+        collate=functools.partial(ExperienceBatch.collate, pad_token_id=0),
+        build_request=build_request,
         max_staleness=max_staleness,
         max_inflight=max_inflight,
         sync_interval=sync_interval,
-        pad_token_id=0,
     )
     holder["loop"] = loop
     return loop, ctl
@@ -113,9 +112,9 @@ def test_when_generation_outpaces_training_the_freshest_is_trained_and_aged_grou
         ctl.quiesce()
         ctl.sync_weights(lambda version: None)
     assert trained == [0, 2, 3, 4]
-    assert loop.evicted_gen_ids == [1, 1] and loop.evicted_groups == 2  # one entry per evicted group
+    assert list(loop.recent_evicted_gen_ids) == [1, 1] and loop.evicted_groups == 2  # one per evicted group
     launched = set(range(ctl.next_gen_id))
-    assert launched == set(trained) | set(loop.evicted_gen_ids) | set(loop.untrained)
+    assert launched == set(trained) | set(loop.recent_evicted_gen_ids) | set(loop.untrained)
 
 
 def test_prompt_stream_restarts_when_exhausted_and_counts_epochs():
@@ -139,37 +138,31 @@ def test_state_dict_replays_launched_but_untrained_prompts_first():
     )
 
 
-def test_bad_order_is_refused_naming_the_allowed_values():
-    ctl = BatchRolloutController(fake_generate)
-    with pytest.raises(ValueError, match="order must be one of .*'launch_first'.*got 'sideways'"):
-        RolloutLoop(
-            [],
-            ctl,
-            num_generations=1,
-            sampling=SamplingParams(),
-            max_staleness=0,
-            max_inflight=1,
-            sync_interval=1,
-            pad_token_id=0,
-            order="sideways",
-        )
+def test_a_resumed_loop_keeps_as_many_requests_in_flight_as_before_the_restart():
+    # slow jobs (ready after one poll) so that requests stay in flight across steps
+    def slow_generate(request):
+        return FakePending(fake_generate(request).value, delay=1)
 
-
-class Slow:
-    """Ready only after ``delay`` polls (or a wait): generation that takes a while."""
-
-    def __init__(self, value, delay):
-        self.value, self.delay = value, delay
-
-    def ready(self):
-        self.delay -= 1
-        return self.delay < 0
-
-    def wait(self):
-        self.delay = -1
-
-    def result(self):
-        return self.value
+    loop, ctl = make_loop(batches(20), max_staleness=1, max_inflight=2, generate=slow_generate)
+    for _ in range(3):
+        loop.next_batch()
+        ctl.quiesce()
+        ctl.sync_weights(lambda version: None)
+    look_ahead = ctl.next_gen_id - loop.steps  # requests launched beyond the ones trained, at the "kill"
+    state = loop.state_dict()
+    resumed, ctl2 = make_loop(
+        batches(20),
+        max_staleness=1,
+        max_inflight=2,
+        generate=slow_generate,
+        start_gen_id=state["next_gen_id"],
+    )
+    resumed.load_state_dict(state)
+    resumed.next_batch()
+    assert look_ahead == 1 and resumed.gen_id_offset == 1  # one relaunch
+    # the relaunch (gen 4) and one step of look-ahead (gen 5), as before the restart
+    assert ctl2.next_gen_id - resumed.steps - resumed.gen_id_offset == look_ahead
+    assert resumed.state_dict()["gen_id_offset"] == 1
 
 
 @settings(max_examples=60, deadline=None)
@@ -183,7 +176,7 @@ def test_any_cadence_trains_within_the_budget_and_never_starves(
     max_staleness, max_inflight, sync_interval, delays
 ):
     def slow_generate(request):
-        return Slow(fake_generate(request).value, delays[request.gen_id % len(delays)])
+        return FakePending(fake_generate(request).value, delay=delays[request.gen_id % len(delays)])
 
     loop, ctl = make_loop(batches(4) * 10, max_staleness, max_inflight, sync_interval, generate=slow_generate)
     trained = []
@@ -195,4 +188,6 @@ def test_any_cadence_trains_within_the_budget_and_never_starves(
             ctl.quiesce()
             ctl.sync_weights(lambda version: None)
     assert len(trained) == len(set(trained))
-    assert set(range(ctl.next_gen_id)) == set(trained) | set(loop.evicted_gen_ids) | set(loop.untrained)
+    assert set(range(ctl.next_gen_id)) == set(trained) | set(loop.recent_evicted_gen_ids) | set(
+        loop.untrained
+    )

@@ -149,7 +149,7 @@ def test_callable_reward_bad_paths_raise_naming_the_path(length_module):
         CallableReward(f"{length_module}:missing")(["a"], [{}])
     with pytest.raises(ValueError, match=r"'nodots' is invalid; expected 'package.module:function'"):
         CallableReward("nodots")(["a"], [{}])
-    with pytest.raises(TypeError, match=r"fn=3 is neither a callable nor an import path"):
+    with pytest.raises(TypeError, match=r"fn must be a callable or an import path string, got 3"):
         CallableReward(3)
 
 

@@ -8,8 +8,8 @@ import pytest
 
 vllm = pytest.importorskip("vllm", reason="vLLM is not installed (make test-vllm runs these in .venv-vllm)")
 
-from tests.integration.grpo_helpers import fit_tiny, tiny_module  # noqa: E402
-from tests.vllm.conftest import tiny_policy  # noqa: E402
+from tests.builders import fit_tiny, tiny_module  # noqa: E402
+from tests.vllm.helpers import tiny_policy  # noqa: E402
 from unirl_lightning.engines.vllm import VLLMEngineConfig  # noqa: E402
 from unirl_lightning.rewards import ExactMatchReward  # noqa: E402
 from unirl_lightning.strategy import AsyncRolloutStrategy  # noqa: E402
@@ -18,8 +18,8 @@ pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("ray_local")]
 
 
 def test_on_policy_ratio_is_one_and_logprobs_match_with_vllm_generating(tmp_path):
-    strategy = AsyncRolloutStrategy(max_staleness=0, max_inflight=1)
-    module = tiny_module(policy=tiny_policy(), rollout=VLLMEngineConfig())
+    strategy = AsyncRolloutStrategy(engine=VLLMEngineConfig(), max_staleness=0, max_inflight=1)
+    module = tiny_module(policy=tiny_policy())
     try:
         _, _, recorder = fit_tiny(tmp_path, max_steps=6, strategy=strategy, module=module)
     finally:
@@ -38,10 +38,9 @@ def test_on_policy_ratio_is_one_and_logprobs_match_with_vllm_generating(tmp_path
 
 def test_tiny_grpo_recipe_learns_with_vllm(tmp_path):
     """The CPU demo's task and hyper-parameters (examples/grpo_tiny.yaml), vLLM generating, async."""
-    strategy = AsyncRolloutStrategy(max_staleness=1, max_inflight=2)
+    strategy = AsyncRolloutStrategy(engine="vllm", max_staleness=1, max_inflight=2)
     module = tiny_module(
         policy=tiny_policy(),
-        rollout=VLLMEngineConfig(),
         reward=ExactMatchReward(),
         num_generations=8,
         max_new_tokens=2,

@@ -11,7 +11,7 @@ vllm = pytest.importorskip("vllm", reason="vLLM is not installed (make test-vllm
 
 import torch  # noqa: E402
 
-from tests.vllm.conftest import greedy_completions, max_logprob_gap, records, tiny_policy  # noqa: E402
+from tests.vllm.helpers import greedy_completions, max_logprob_gap, records, tiny_policy  # noqa: E402
 from unirl_lightning.engines.hf import HFEngineConfig  # noqa: E402
 from unirl_lightning.engines.vllm import VLLMEngineConfig  # noqa: E402
 from unirl_lightning.rollout.types import RolloutRequest, SamplingParams  # noqa: E402
@@ -19,7 +19,7 @@ from unirl_lightning.rollout.types import RolloutRequest, SamplingParams  # noqa
 
 @pytest.fixture(scope="module")
 def engine():
-    engine = VLLMEngineConfig(policy=tiny_policy()).build()
+    engine = VLLMEngineConfig().build(tiny_policy())
     yield engine
     engine.close()
 
@@ -38,7 +38,7 @@ def test_sampled_token_logprobs_equal_trainer_recompute_within_1e4(engine, tempe
 
 
 def test_greedy_equals_hf_engine_on_the_same_weights(engine):
-    assert greedy_completions(engine) == greedy_completions(HFEngineConfig(policy=tiny_policy()).build())
+    assert greedy_completions(engine) == greedy_completions(HFEngineConfig().build(tiny_policy()))
 
 
 def test_rollouts_have_the_hf_engine_layout(engine):
@@ -75,7 +75,7 @@ def test_seeded_request_repeats_and_samples_differ_within_a_group(engine):
 
 def test_adapter_push_to_a_full_weight_engine_names_the_fix(engine):
     adapter = {"base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight": torch.zeros(4, 64)}
-    with pytest.raises(ValueError, match="VLLMEngineConfig.lora is None"):
+    with pytest.raises(ValueError, match="built without a LoraSpec"):
         engine.load_weights(adapter.items(), weight_version=1)
     mixed = {**adapter, "model.norm.weight": torch.ones(64)}
     with pytest.raises(ValueError, match="either full weights or LoRA adapter tensors"):

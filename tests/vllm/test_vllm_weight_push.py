@@ -10,7 +10,7 @@ vllm = pytest.importorskip("vllm", reason="vLLM is not installed (make test-vllm
 
 import torch  # noqa: E402
 
-from tests.vllm.conftest import greedy_completions, max_logprob_gap, records, tiny_policy  # noqa: E402
+from tests.vllm.helpers import greedy_completions, max_logprob_gap, records, tiny_policy  # noqa: E402
 from unirl_lightning.engines.hf import HFEngineConfig  # noqa: E402
 from unirl_lightning.engines.vllm import VLLMEngineConfig  # noqa: E402
 from unirl_lightning.lora import LoraSpec  # noqa: E402
@@ -19,13 +19,13 @@ from unirl_lightning.weight_sync import named_weights  # noqa: E402
 
 
 def test_greedy_matches_hf_after_full_weight_push_in_buckets():
-    engine = VLLMEngineConfig(policy=tiny_policy(), bucket_mb=0.01).build()  # ~one layer per bucket
+    engine = VLLMEngineConfig(bucket_mb=0.01).build(tiny_policy())  # ~one layer per bucket
     try:
         before = greedy_completions(engine)
         new_model, _ = tiny_policy(seed=5).build()
         engine.load_weights(named_weights(new_model).items(), weight_version=1)
         after = greedy_completions(engine)
-        assert after == greedy_completions(HFEngineConfig(policy=tiny_policy(seed=5)).build())
+        assert after == greedy_completions(HFEngineConfig().build(tiny_policy(seed=5)))
         assert after != before, "the push had no visible effect"
         sampled = engine.generate(
             RolloutRequest(records(), n=2, sampling=SamplingParams(max_new_tokens=8), seed=1)
@@ -55,8 +55,8 @@ def lora_policy(lora: LoraSpec, scale: float, seed: int):
 
 def test_greedy_matches_hf_after_lora_adapter_push():
     lora = LoraSpec(rank=4, alpha=8.0, target_modules=("q_proj", "v_proj", "o_proj", "down_proj"))
-    engine = VLLMEngineConfig(policy=tiny_policy(), lora=lora).build()
-    hf = HFEngineConfig(policy=tiny_policy()).build()
+    engine = VLLMEngineConfig().build(tiny_policy(), lora)
+    hf = HFEngineConfig().build(tiny_policy())
     try:
         base = greedy_completions(engine)
         assert base == greedy_completions(hf)
@@ -76,7 +76,7 @@ def test_greedy_matches_hf_after_lora_adapter_push():
 
 def test_lora_push_with_another_rank_is_rejected():
     lora = LoraSpec(rank=4, alpha=8.0, target_modules=("q_proj",))
-    engine = VLLMEngineConfig(policy=tiny_policy(), lora=lora).build()
+    engine = VLLMEngineConfig().build(tiny_policy(), lora)
     try:
         other = lora_policy(LoraSpec(rank=8, alpha=8.0, target_modules=("q_proj",)), scale=0.1, seed=0)
         with pytest.raises(ValueError, match=r"rank \[8\].*lora.rank=4"):
@@ -90,13 +90,11 @@ def test_lora_push_with_another_rank_is_rejected():
 def test_full_push_reaches_a_multiprocess_engine_core(monkeypatch):
     """vLLM's default (and the GPU setup): the engine core in its own process; buckets travel packed."""
     monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "1")
-    engine = VLLMEngineConfig(policy=tiny_policy(), bucket_mb=0.01).build()
+    engine = VLLMEngineConfig(bucket_mb=0.01).build(tiny_policy())
     try:
         assert type(engine.llm.llm_engine.engine_core).__name__ != "InprocClient"
         new_model, _ = tiny_policy(seed=5).build()
         engine.load_weights(named_weights(new_model).items(), weight_version=1)
-        assert greedy_completions(engine) == greedy_completions(
-            HFEngineConfig(policy=tiny_policy(seed=5)).build()
-        )
+        assert greedy_completions(engine) == greedy_completions(HFEngineConfig().build(tiny_policy(seed=5)))
     finally:
         engine.close()

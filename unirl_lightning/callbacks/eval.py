@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
-from lightning.pytorch.callbacks import Callback
+from unirl_lightning.callbacks.base import RolloutCallback
+from unirl_lightning.checks import require_at_least
+from unirl_lightning.rollout.types import SamplingParams
 
-from unirl_lightning.callbacks._util import check_every_n_steps, rollout_strategy
 
-
-class RolloutEvalCallback(Callback):
+class RolloutEvalCallback(RolloutCallback):
     """Score held-out prompts on the rollout workers every ``every_n_steps`` RL steps.
 
     Read-only by contract: it never pushes weights and never changes the weight version, so the
@@ -23,8 +24,8 @@ class RolloutEvalCallback(Callback):
             (``eval_on_start``) and once at the end (``eval_on_end``).
         num_prompts: held-out prompts per evaluation (the first ``num_prompts``).
         num_generations: samples per prompt.
-        temperature: 0 = greedy.
-        max_new_tokens: defaults to the module's training value.
+        temperature: 0 = greedy (diffusion: the deterministic ODE).
+        max_new_tokens: token policies only; defaults to the module's training value.
 
     Example::
 
@@ -44,13 +45,9 @@ class RolloutEvalCallback(Callback):
         prompts: str | None = None,
         seed: int = 1234,
     ) -> None:
-        self.every_n_steps = check_every_n_steps(every_n_steps)
-        if num_prompts < 1:
-            raise ValueError(f"num_prompts must be >= 1, got {num_prompts}")
-        if num_generations < 1:
-            raise ValueError(f"num_generations must be >= 1, got {num_generations}")
-        self.num_prompts = num_prompts
-        self.num_generations = num_generations
+        self.every_n_steps = require_at_least("every_n_steps", every_n_steps, 1)
+        self.num_prompts = require_at_least("num_prompts", num_prompts, 1)
+        self.num_generations = require_at_least("num_generations", num_generations, 1)
         self.temperature = temperature
         self.max_new_tokens = max_new_tokens
         self.accuracy_threshold = accuracy_threshold
@@ -77,10 +74,22 @@ class RolloutEvalCallback(Callback):
             self._records = list(records)[: self.num_prompts]
         return self._records
 
+    def setup(self, trainer: Any, pl_module: Any, stage: str) -> None:
+        super().setup(trainer, pl_module, stage)
+        self.sampling = pl_module.eval_sampling(self.temperature)
+        if self.max_new_tokens is not None:
+            if not isinstance(self.sampling, SamplingParams):
+                raise ValueError(
+                    f"max_new_tokens must be None for {type(pl_module).__name__} (it samples "
+                    f"{type(self.sampling).__name__}, which has no token budget), got {self.max_new_tokens}"
+                )
+            self.sampling = replace(self.sampling, max_new_tokens=self.max_new_tokens)
+
     def evaluate(self, trainer: Any, pl_module: Any) -> dict[str, float]:
-        strategy = rollout_strategy(trainer, type(self).__name__)
-        sampling = pl_module.eval_sampling(self.temperature, self.max_new_tokens)
-        groups = strategy.evaluate(self._held_out(trainer), sampling, n=self.num_generations, seed=self.seed)
+        strategy = self.strategy
+        groups = strategy.evaluate(
+            self._held_out(trainer), self.sampling, n=self.num_generations, seed=self.seed
+        )
         rewards = [r.reward for g in groups for r in g]
         metrics = {
             "eval/reward_mean": sum(rewards) / len(rewards),
@@ -99,12 +108,11 @@ class RolloutEvalCallback(Callback):
     def on_train_batch_end(
         self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
-        steps = rollout_strategy(trainer, type(self).__name__).loop.steps
-        if steps % self.every_n_steps == 0:
+        if self.strategy.loop.steps % self.every_n_steps == 0:
             self.evaluate(trainer, pl_module)
 
     def on_train_end(self, trainer: Any, pl_module: Any) -> None:
-        steps = rollout_strategy(trainer, type(self).__name__).loop.steps
+        steps = self.strategy.loop.steps
         if self.eval_on_end and (not self.history or self.history[-1]["step"] != steps):
             self.evaluate(trainer, pl_module)
 

@@ -5,21 +5,22 @@ from __future__ import annotations
 from typing import Any
 
 from jsonargparse.typing import PositiveInt
-from lightning.pytorch.callbacks import Callback
 
-from unirl_lightning.callbacks._util import check_every_n_steps, rollout_strategy
+from unirl_lightning.callbacks.base import RolloutCallback
+from unirl_lightning.checks import require_at_least
 
 
-class WeightSyncCallback(Callback):
+class WeightSyncCallback(RolloutCallback):
     """Push weights every ``every_n_steps`` RL steps: quiesce, push, version + 1.
 
     The push itself is the strategy's ``sync_weights`` (it refuses while anything is in flight, so it
-    quiesces first). After a resume the workers are re-pushed once at fit start so they hold the
-    restored weights. Logs ``sync/time_s``, ``sync/bytes`` and ``sync/quiesce_s``.
+    quiesces first). The cadence is handed to the strategy in ``setup`` (the launch ceiling uses it,
+    so the staleness bound holds for any cadence). After a resume the workers are re-pushed once at
+    train start so they hold the restored weights. Logs ``sync/time_s``, ``sync/bytes`` and
+    ``sync/quiesce_s``. RL modules add one with the default cadence when the trainer has none.
 
     Args:
-        every_n_steps: RL steps (training batches) between pushes. The launch ceiling uses it, so
-            the staleness bound holds for any cadence.
+        every_n_steps: RL steps (training batches) between pushes.
 
     Example::
 
@@ -27,22 +28,25 @@ class WeightSyncCallback(Callback):
     """
 
     def __init__(self, every_n_steps: PositiveInt = 1) -> None:
-        self.every_n_steps = check_every_n_steps(every_n_steps)
+        self.every_n_steps = int(require_at_least("every_n_steps", every_n_steps, 1))
         self.num_syncs = 0
         self._resumed = False
 
+    def setup(self, trainer: Any, pl_module: Any, stage: str) -> None:
+        super().setup(trainer, pl_module, stage)
+        self.strategy.sync_interval = self.every_n_steps
+
     def on_train_start(self, trainer: Any, pl_module: Any) -> None:
         if self._resumed:
-            rollout_strategy(trainer, type(self).__name__).sync_weights()
+            self.strategy.sync_weights()
             self._resumed = False
 
     def on_train_batch_end(
         self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
-        strategy = rollout_strategy(trainer, type(self).__name__)
-        if (strategy.loop.steps % self.every_n_steps) != 0:
+        if self.strategy.loop.steps % self.every_n_steps != 0:
             return
-        stats = strategy.sync_weights()
+        stats = self.strategy.sync_weights()
         self.num_syncs += 1
         pl_module.log_dict(stats, on_step=True, on_epoch=False, batch_size=1)
 
@@ -50,5 +54,5 @@ class WeightSyncCallback(Callback):
         return {"every_n_steps": self.every_n_steps, "num_syncs": self.num_syncs}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        self.num_syncs = state_dict["num_syncs"]
+        self.num_syncs = int(state_dict["num_syncs"])
         self._resumed = True

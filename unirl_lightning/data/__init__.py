@@ -1,6 +1,15 @@
-"""Prompt data: records ``{"prompt", "answer", ...}``, built-in toy tasks and the datamodule."""
+"""Prompt data: records ``{"prompt", "answer", ...}``, built-in toy tasks and the datamodules."""
 
-from unirl_lightning.data.datamodule import PromptDataModule, collate_records, load_records
+from unirl_lightning.data.datamodule import PromptDataModule, collate_records, load_records, train_loader
+from unirl_lightning.data.images import ImagePromptDataModule
 from unirl_lightning.data.tasks import BUILTIN_TASKS, make_task
 
-__all__ = ["BUILTIN_TASKS", "PromptDataModule", "collate_records", "load_records", "make_task"]
+__all__ = [
+    "BUILTIN_TASKS",
+    "ImagePromptDataModule",
+    "PromptDataModule",
+    "collate_records",
+    "load_records",
+    "make_task",
+    "train_loader",
+]

@@ -1,31 +1,19 @@
-"""Inference engines that run inside rollout workers.
+"""Inference engines that run inside rollout workers; the strategy chooses one.
 
-``"hf"`` (``transformers``, the embedded default, CPU or GPU), ``"vllm"`` and ``"sglang"`` (extras);
-``"diffusion"`` for flow-matching image models. :func:`resolve_engine_config` turns a name into a
-default config; engine modules import their backend lazily, so naming one that is not installed
-fails when the worker builds it, with the extra to install.
+``"hf"`` (``transformers``, the embedded default for token policies, CPU or GPU), ``"vllm"`` and
+``"sglang"`` (extras), ``"diffusion"`` (flow-matching image models). An :class:`EngineConfig` says
+*how* to serve; it builds its engine from the module's policy spec and LoRA spec
+(``config.build(policy, lora)``) inside the worker. Engine modules import their backend lazily, so
+naming one that is not installed fails when the worker builds it, with the extra to install.
 """
 
-from __future__ import annotations
+from unirl_lightning.engines.base import (
+    ENGINES,
+    EngineConfig,
+    EngineName,
+    RolloutEngine,
+    check_engine_name,
+    resolve_engine,
+)
 
-import importlib
-from typing import Any
-
-ENGINES = {
-    "hf": ("unirl_lightning.engines.hf", "HFEngineConfig"),
-    "vllm": ("unirl_lightning.engines.vllm", "VLLMEngineConfig"),
-    "sglang": ("unirl_lightning.engines.sglang", "SGLangEngineConfig"),
-}
-
-
-def resolve_engine_config(spec: Any) -> Any:
-    """An engine config instance from a name (``"hf"``, ``"vllm"``, ``"sglang"``) or a config itself."""
-    if not isinstance(spec, str):
-        return spec
-    if spec not in ENGINES:
-        raise ValueError(
-            f"unknown engine {spec!r}: choose one of {sorted(ENGINES)} (vllm needs "
-            "pip install 'unirl-lightning[vllm]', sglang needs pip install 'unirl-lightning[sglang]')"
-        )
-    module, name = ENGINES[spec]
-    return getattr(importlib.import_module(module), name)()
+__all__ = ["ENGINES", "EngineConfig", "EngineName", "RolloutEngine", "check_engine_name", "resolve_engine"]

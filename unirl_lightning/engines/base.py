@@ -1,25 +1,100 @@
-"""The engine contract: what a rollout worker needs from an inference engine.
+"""The engine contract: what a rollout worker needs from an inference engine, and the glue every
+engine shares.
 
-Called inside a worker process (a Ray actor), one call at a time. Guarantees:
+Who builds an engine: the strategy ships an :class:`EngineConfig` to each rollout worker, which
+calls ``config.build(policy, lora)`` with the module's policy spec and LoRA spec (the module says
+*what* is served, the engine config *how*). Called inside a worker process (a Ray actor), one call
+at a time. Guarantees:
 
-* ``generate(request)`` returns one group per prompt record, ``request.n`` :class:`Rollout`\\ s each,
-  with the behaviour log-prob of every sampled token computed at ``request.sampling.temperature``
-  (the temperature the trainer recomputes at). Rewards are left at 0: the worker scores them.
+* ``generate(request)`` returns one group per prompt record, ``request.n`` rollouts each, with the
+  behaviour log-prob of every sampled token computed at ``request.sampling.temperature`` (the
+  temperature the trainer recomputes at). Rewards are left at 0: the worker scores them.
 * ``load_weights(named_tensors, weight_version)`` replaces the weights it generates with; the
   tensors are full parameters by name (or, for LoRA engines, adapter parameters only).
 * ``sleep()`` / ``wake()`` release and restore accelerator memory for colocated placement; engines
-  that cannot do it treat both as no-ops.
+  that cannot do it treat both as no-ops. ``close()`` frees what the engine holds (processes,
+  temporary files); the worker calls it before it exits.
 """
 
 from __future__ import annotations
 
 import importlib
-from collections.abc import Iterable
-from typing import Any, Protocol, runtime_checkable
+from collections.abc import Iterable, Sequence
+from typing import Any, ClassVar, Literal, Protocol, runtime_checkable
 
 import torch
 
-from unirl_lightning.rollout.types import Rollout, RolloutRequest
+from unirl_lightning.rollout.types import FinishReason, PolicyFamily, Rollout, RolloutRequest
+
+
+@runtime_checkable
+class RolloutEngine(Protocol):
+    weight_version: int
+
+    def generate(self, request: RolloutRequest) -> list[list[Any]]: ...
+
+    def load_weights(
+        self, named_tensors: Iterable[tuple[str, torch.Tensor]], weight_version: int
+    ) -> None: ...
+
+    def sleep(self) -> None: ...
+
+    def wake(self) -> None: ...
+
+    def close(self) -> None: ...
+
+
+class EngineConfig:
+    """Base of every engine configuration (a dataclass subclass per engine).
+
+    ``family`` says which policies it serves: ``"token"`` (causal LMs: GRPO, PPO) or
+    ``"diffusion"`` (flow-matching image models: Flow-GRPO). ``build`` runs inside the worker.
+    """
+
+    family: ClassVar[PolicyFamily] = "token"
+
+    def validate(self, policy: Any, lora: Any = None) -> None:
+        """Raise ``ValueError`` on the driver, before any worker starts, if this engine cannot serve
+        ``policy`` with ``lora``; the default accepts everything."""
+
+    def build(self, policy: Any, lora: Any = None) -> RolloutEngine:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+
+ENGINES: dict[str, tuple[str, str]] = {
+    "hf": ("unirl_lightning.engines.hf", "HFEngineConfig"),
+    "vllm": ("unirl_lightning.engines.vllm", "VLLMEngineConfig"),
+    "sglang": ("unirl_lightning.engines.sglang", "SGLangEngineConfig"),
+    "diffusion": ("unirl_lightning.engines.diffusion", "DiffusionEngineConfig"),
+}
+EngineName = Literal["auto", "hf", "vllm", "sglang", "diffusion"]
+
+
+def check_engine_name(name: str) -> str:
+    """``name`` if it names an engine (or ``"auto"``), else ``ValueError`` listing them and the extras."""
+    if name != "auto" and name not in ENGINES:
+        raise ValueError(
+            f"engine must be one of {('auto', *ENGINES)} or an EngineConfig, got {name!r} (vllm needs "
+            "pip install 'unirl-lightning[vllm]', sglang needs pip install 'unirl-lightning[sglang]')"
+        )
+    return name
+
+
+def resolve_engine(engine: str | EngineConfig, default: str, family: PolicyFamily) -> EngineConfig:
+    """The engine config for ``engine`` (a name, ``"auto"`` = ``default``, or a config), checked
+    against the policy ``family`` the module trains."""
+    if isinstance(engine, str):
+        name = default if check_engine_name(engine) == "auto" else engine
+        module, cls = ENGINES[name]
+        engine = getattr(importlib.import_module(module), cls)()
+    if not isinstance(engine, EngineConfig):
+        raise TypeError(f"engine must be a name or an EngineConfig, got {type(engine).__name__}")
+    if engine.family != family:
+        raise ValueError(
+            f"engine {type(engine).__name__} serves {engine.family} policies, but the module trains a "
+            f"{family} policy: use engine='auto' (= {default!r})"
+        )
+    return engine
 
 
 def import_backend(module: str, engine: str, install_hint: str) -> Any:
@@ -41,16 +116,43 @@ def engine_device(device: str, num_threads: int | None) -> torch.device:
     return torch.device(device)
 
 
-@runtime_checkable
-class RolloutEngine(Protocol):
-    weight_version: int
+def encode_prompt(tokenizer: Any, record: dict[str, Any]) -> list[int]:
+    """The prompt token ids of ``record`` (its ``prompt`` text, no special tokens added): every token
+    engine tokenizes prompts with this one function, so their ids agree."""
+    return list(tokenizer(record["prompt"], add_special_tokens=False)["input_ids"])
 
-    def generate(self, request: RolloutRequest) -> list[list[Rollout]]: ...
 
-    def load_weights(
-        self, named_tensors: Iterable[tuple[str, torch.Tensor]], weight_version: int
-    ) -> None: ...
+def trim_at_stop(tokens: list[int], stop_ids: Sequence[int]) -> tuple[list[int], FinishReason]:
+    """Cut a sampled row at its first stop token (kept, so the policy learns to stop)."""
+    for i, token in enumerate(tokens):
+        if token in stop_ids:
+            return tokens[: i + 1], "stop"
+    return tokens, "length"
 
-    def sleep(self) -> None: ...
 
-    def wake(self) -> None: ...
+def make_group(
+    request: RolloutRequest,
+    group_id: int,
+    prompt_ids: list[int],
+    samples: Iterable[tuple[list[int], list[float], FinishReason]],
+    tokenizer: Any,
+    weight_version: int,
+) -> list[Rollout]:
+    """One group of :class:`Rollout` s for record ``group_id`` of ``request`` from its sampled
+    ``(completion_ids, logprobs, finish_reason)`` triples; text is decoded without special tokens."""
+    record = request.records[group_id]
+    return [
+        Rollout(
+            prompt_ids=list(prompt_ids),
+            completion_ids=completion,
+            logprobs=logprobs,
+            reward=0.0,
+            finish_reason=finish,
+            text=tokenizer.decode(completion, skip_special_tokens=True),
+            prompt=record["prompt"],
+            group_id=group_id,
+            gen_id=request.gen_id,
+            weight_version=weight_version,
+        )
+        for completion, logprobs, finish in samples
+    ]

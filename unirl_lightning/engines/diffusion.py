@@ -22,197 +22,62 @@ Called inside a rollout worker (a Ray actor), one call at a time, like every eng
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, ClassVar
 
-import numpy as np
 import torch
 
 from unirl_lightning.algorithms.flow import sde_step
-from unirl_lightning.engines.base import engine_device
-from unirl_lightning.lora import load_named_weights
-from unirl_lightning.models_diffusion import (
-    FlowPipeline,
-    LoraSpec,
-    SD3FlowModel,
-    TinyFlowModel,
-    apply_lora,
-    effective_weights,
-)
-from unirl_lightning.rollout.types import RolloutRequest
+from unirl_lightning.engines.base import EngineConfig, engine_device
+from unirl_lightning.lora import LoraSpec, apply_lora, effective_weights, load_named_weights
+from unirl_lightning.models_diffusion import SD3FlowModel, TinyFlowModel, guided_velocity
+from unirl_lightning.rollout.types import DiffusionRollout, DiffusionSampling, PolicyFamily, RolloutRequest
 
-__all__ = [
-    "DiffusionEngine",
-    "DiffusionEngineConfig",
-    "DiffusionRollout",
-    "DiffusionSampling",
-    "guided_velocity",
-]
+__all__ = ["DiffusionEngine", "DiffusionEngineConfig"]
 
 
-@dataclass(frozen=True)
-class DiffusionSampling:
-    """How the diffusion engine samples: ``num_steps`` denoising steps, the SDE on ``sde_indices``.
+@dataclass
+class DiffusionEngineConfig(EngineConfig):
+    """Configuration of the diffusion engine (the policy and its LoRA spec are the module's).
 
     Args:
-        num_steps: denoising steps of the sampler (the scheduler's sigmas, ``1.0 -> 0.0``).
-        eta: noise level of the Flow-GRPO SDE (its ``noise_level``), ``>= 0``. ``eta=0`` is the
-            deterministic ODE (evaluation): no step is stochastic and nothing is recorded.
-        sde_indices: the step indices (in ``[0, num_steps)``) that run the SDE and are recorded
-            for training; ``None`` = every step when ``eta > 0``. A window such as ``[0, 1, 2]``
-            trains on the early, high-noise steps only (Flow-GRPO-Fast, MixGRPO).
-        guidance_scale: classifier-free guidance; 1.0 = off (one denoiser call per step).
+        device: ``"auto"`` = cuda if visible, else cpu.
+        num_threads: torch intra-op threads in the worker (None = torch's default).
+        max_batch_size: images per sampling call.
 
     Example::
 
-        DiffusionSampling(num_steps=10, eta=0.7, sde_indices=(0, 1, 2, 3))
+        AsyncRolloutStrategy(engine=DiffusionEngineConfig(device="cpu", num_threads=1), max_inflight=1)
     """
 
-    num_steps: int = 10
-    eta: float = 1.0
-    sde_indices: tuple[int, ...] | None = None
-    guidance_scale: float = 1.0
+    family: ClassVar[PolicyFamily] = "diffusion"
+    device: str = "auto"
+    num_threads: int | None = 1
+    max_batch_size: int = 64
 
-    def __post_init__(self) -> None:
-        if self.num_steps < 1:
-            raise ValueError(f"num_steps must be >= 1, got {self.num_steps}")
-        if not self.eta >= 0:
-            raise ValueError(f"eta must be >= 0 (0 = the deterministic ODE), got {self.eta!r}")
-        if not self.guidance_scale >= 0:
-            raise ValueError(f"guidance_scale must be >= 0 (1.0 = no guidance), got {self.guidance_scale!r}")
-        if self.sde_indices is None:
-            return
-        indices = tuple(int(i) for i in self.sde_indices)
-        outside = [i for i in indices if not 0 <= i < self.num_steps]
-        if outside:
-            raise ValueError(
-                f"sde_indices {list(indices)} fall outside the schedule: {outside} not in "
-                f"[0, num_steps={self.num_steps})"
-            )
-        if len(set(indices)) != len(indices):
-            raise ValueError(f"sde_indices must not repeat a step, got {list(indices)}")
-        if self.eta == 0 and indices:
-            raise ValueError(
-                f"eta=0 is the deterministic ODE, so no step can be an SDE step; got sde_indices={list(indices)} "
-                "(give eta > 0, or sde_indices=None / [])"
-            )
-        object.__setattr__(self, "sde_indices", tuple(sorted(indices)))
-
-    def sde_steps(self) -> tuple[int, ...]:
-        """The step indices that run the SDE and are recorded (empty for ``eta=0``)."""
-        if self.eta == 0:
-            return ()
-        return tuple(range(self.num_steps)) if self.sde_indices is None else self.sde_indices
-
-
-@dataclass
-class DiffusionRollout:
-    """One sampled image with the SDE trajectory the trainer replays (``S`` recorded steps).
-
-    ``latents[s]`` is the input of recorded step ``s`` and ``next_latents[s]`` its sampled output;
-    ``log_probs[s]`` is the Gaussian log-prob of that transition (mean over latent elements).
-    """
-
-    image: np.ndarray  # uint8 [H, W, 3]
-    latents: torch.Tensor  # [S, C, h, w] float32
-    next_latents: torch.Tensor  # [S, C, h, w] float32
-    log_probs: torch.Tensor  # [S] float32
-    sigmas: torch.Tensor  # [S] float32, sigma of each recorded step
-    sigmas_next: torch.Tensor  # [S] float32
-    eta: float
-    guidance_scale: float = 1.0
-    record: dict[str, Any] = field(default_factory=dict)
-    reward: float = 0.0
-    prompt: str = ""
-    text: str = ""  # unused by images; kept so that text-only code paths still read a string
-    group_id: int = 0
-    gen_id: int = -1
-    weight_version: int = -1
-
-    def __post_init__(self) -> None:
-        steps = self.log_probs.shape[0]
-        if self.latents.shape != self.next_latents.shape or self.latents.shape[:1] != (steps,):
-            raise ValueError(
-                f"a DiffusionRollout needs latents and next_latents of shape [S, ...] with S = {steps} "
-                f"log-probs, got {tuple(self.latents.shape)} and {tuple(self.next_latents.shape)}"
-            )
-        if self.sigmas.shape != (steps,) or self.sigmas_next.shape != (steps,):
-            raise ValueError(
-                f"a DiffusionRollout needs one sigma per recorded step ({steps}), got "
-                f"{tuple(self.sigmas.shape)} and {tuple(self.sigmas_next.shape)}"
-            )
-
-    @property
-    def reward_input(self) -> np.ndarray:
-        """What an image reward scores: the ``uint8`` image ``[H, W, 3]``."""
-        return self.image
-
-
-def _concat_cond(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    return {key: torch.cat([a[key], b[key]]) for key in a}
-
-
-def guided_velocity(
-    pipeline: FlowPipeline,
-    denoiser: torch.nn.Module,
-    latents: torch.Tensor,
-    sigma: torch.Tensor,
-    cond: dict[str, torch.Tensor],
-    null_cond: dict[str, torch.Tensor] | None,
-    guidance_scale: float,
-) -> torch.Tensor:
-    """The velocity the sampler steps with: ``v_null + g (v_cond - v_null)`` under guidance, else ``v_cond``.
-
-    Both the engine (sampling) and the trainer (replay) call this, so they compute alike.
-    """
-    if guidance_scale == 1.0 or null_cond is None:
-        return pipeline.velocity(denoiser, latents, sigma, cond)
-    both = pipeline.velocity(
-        denoiser, torch.cat([latents, latents]), torch.cat([sigma, sigma]), _concat_cond(null_cond, cond)
-    )
-    v_null, v_cond = both.chunk(2)
-    return v_null + guidance_scale * (v_cond - v_null)
-
-
-@dataclass
-class DiffusionEngineConfig:
-    """Configuration of the diffusion engine.
-
-    Example::
-
-        DiffusionEngineConfig(device="cpu", num_threads=1)  # policy and lora: the module's
-    """
-
-    policy: TinyFlowModel | SD3FlowModel | None = None  # None = the module's policy
-    lora: LoraSpec | None = None  # filled in by the module; must match the trainer's
-    device: str = "auto"  # "auto" = cuda if visible, else cpu
-    num_threads: int | None = 1  # torch intra-op threads in the worker (None = torch's default)
-    max_batch_size: int = 64  # images per sampling call
-
-    def build(self) -> DiffusionEngine:
-        if self.policy is None:
-            raise ValueError(
-                "DiffusionEngineConfig.policy is None: give a policy spec, or let the module fill it in"
-            )
-        return DiffusionEngine(self)
+    def build(self, policy: TinyFlowModel | SD3FlowModel, lora: LoraSpec | None = None) -> DiffusionEngine:
+        return DiffusionEngine(self, policy, lora)
 
 
 class DiffusionEngine:
     """Samples image groups with the Flow-GRPO SDE; see the module docstring for the contract."""
 
-    def __init__(self, config: DiffusionEngineConfig) -> None:
+    def __init__(
+        self, config: DiffusionEngineConfig, policy: TinyFlowModel | SD3FlowModel, lora: LoraSpec | None
+    ) -> None:
         self.config = config
+        self.lora = lora
         self.device = engine_device(config.device, config.num_threads)
-        self.pipeline = config.policy.build()
-        if config.lora is not None:
-            self.pipeline.denoiser = apply_lora(self.pipeline.denoiser, config.lora, self.pipeline.arch)
+        self.pipeline = policy.build()
+        if lora is not None:
+            self.pipeline.denoiser = apply_lora(self.pipeline.denoiser, lora, self.pipeline.lora_targets)
         self.pipeline.to(self.device)
         self.denoiser = self.pipeline.denoiser.eval().requires_grad_(False)
         self.weight_version = 0
 
     # -- weights ---------------------------------------------------------------------------------
     def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], weight_version: int) -> None:
-        load_named_weights(self.denoiser, named_tensors, self.config.lora)
+        load_named_weights(self.denoiser, named_tensors, self.lora)
         self.weight_version = weight_version
 
     def state_dict(self) -> dict[str, torch.Tensor]:
@@ -226,6 +91,9 @@ class DiffusionEngine:
 
     def wake(self) -> None:
         self.pipeline.to(self.device)
+
+    def close(self) -> None:
+        """Nothing to free beyond the pipeline, which goes with the worker."""
 
     # -- sampling --------------------------------------------------------------------------------
     @torch.no_grad()

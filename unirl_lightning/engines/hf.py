@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from unirl_lightning.engines.base import engine_device
+from unirl_lightning.engines.base import EngineConfig, encode_prompt, engine_device, make_group, trim_at_stop
 from unirl_lightning.lora import LLM_LORA_TARGETS, LoraSpec, apply_lora, effective_weights, load_named_weights
 from unirl_lightning.models import PolicySpec
 from unirl_lightning.rollout.types import Rollout, RolloutRequest
@@ -24,43 +24,44 @@ log = logging.getLogger(__name__)
 
 
 @dataclass
-class HFEngineConfig:
-    """Configuration of the ``transformers`` engine (the default).
+class HFEngineConfig(EngineConfig):
+    """Configuration of the ``transformers`` engine (the default for token policies).
+
+    Args:
+        device: ``"auto"`` = cuda if visible, else cpu.
+        num_threads: torch intra-op threads in the worker (None = leave torch's default).
+        max_batch_size: sequences per ``generate`` call.
 
     Example::
 
-        HFEngineConfig(device="cpu", num_threads=1)  # policy: the module's
+        AsyncRolloutStrategy(engine=HFEngineConfig(device="cpu", num_threads=1))
     """
 
-    policy: PolicySpec | None = None  # None = the module's policy
-    lora: LoraSpec | None = None  # filled in by the module when it trains LoRA adapters
-    device: str = "auto"  # "auto" = cuda if visible, else cpu
-    num_threads: int | None = 1  # torch intra-op threads in the worker (None = leave torch's default)
-    max_batch_size: int = 256  # sequences per generate call
+    device: str = "auto"
+    num_threads: int | None = 1
+    max_batch_size: int = 256
 
-    def build(self) -> HFEngine:
-        if self.policy is None:
-            raise ValueError(
-                "HFEngineConfig.policy is None: give a policy spec, or let the module fill it in"
-            )
-        return HFEngine(self)
+    def build(self, policy: PolicySpec, lora: LoraSpec | None = None) -> HFEngine:
+        return HFEngine(self, policy, lora)
 
 
 class HFEngine:
     """Generates groups with ``model.generate``; see the module docstring for the log-prob contract."""
 
-    def __init__(self, config: HFEngineConfig) -> None:
+    def __init__(self, config: HFEngineConfig, policy: PolicySpec, lora: LoraSpec | None) -> None:
         self.config = config
+        self.lora = lora
         self.device = engine_device(config.device, config.num_threads)
-        self.model, self.tokenizer = config.policy.build()
-        if config.lora is not None:
-            self.model = apply_lora(self.model, config.lora, LLM_LORA_TARGETS)
+        self.model, self.tokenizer = policy.build()
+        if lora is not None:
+            self.model = apply_lora(self.model, lora, LLM_LORA_TARGETS)
         self.model.to(self.device).eval().requires_grad_(False)
+        self.stop_ids = [self.tokenizer.eos_token_id]
         self.weight_version = 0
 
     # -- weights ---------------------------------------------------------------------------------
     def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], weight_version: int) -> None:
-        load_named_weights(self.model, named_tensors, self.config.lora)
+        load_named_weights(self.model, named_tensors, self.lora)
         self.weight_version = weight_version
 
     def state_dict(self) -> dict[str, torch.Tensor]:
@@ -77,26 +78,35 @@ class HFEngine:
     def wake(self) -> None:
         self.model.to(self.device)
 
+    def close(self) -> None:
+        """Nothing to free beyond the model, which goes with the worker."""
+
     # -- generation ------------------------------------------------------------------------------
     @torch.no_grad()
     def generate(self, request: RolloutRequest) -> list[list[Rollout]]:
+        prompts = [encode_prompt(self.tokenizer, record) for record in request.records]
         groups: list[list[Rollout]] = []
         per_call = max(1, self.config.max_batch_size // request.n)
-        for start in range(0, len(request.records), per_call):
-            chunk = request.records[start : start + per_call]
+        for start in range(0, len(prompts), per_call):
             seed = None if request.seed is None else request.seed + start
-            groups.extend(self._generate_chunk(chunk, request, seed, group_offset=start))
+            samples = self._sample(prompts[start : start + per_call], request, seed)
+            for offset, group_samples in enumerate(samples):
+                index = start + offset
+                groups.append(
+                    make_group(
+                        request, index, prompts[index], group_samples, self.tokenizer, self.weight_version
+                    )
+                )
         return groups
 
-    def _generate_chunk(
-        self, records: list[dict[str, Any]], request: RolloutRequest, seed, group_offset: int
-    ):
-        sampling = request.sampling
-        tok = self.tokenizer
-        prompts = [r["prompt"] for r in records]
-        enc = tok(prompts, return_tensors="pt", padding=True, add_special_tokens=False)
-        input_ids = enc["input_ids"].repeat_interleave(request.n, dim=0).to(self.device)
-        attention_mask = enc["attention_mask"].repeat_interleave(request.n, dim=0).to(self.device)
+    def _sample(self, prompts: list[list[int]], request: RolloutRequest, seed: int | None):
+        """``request.n`` samples of each prompt: ``[(completion_ids, logprobs, finish_reason), ...]`` per prompt."""
+        sampling, tok = request.sampling, self.tokenizer
+        width = max(len(ids) for ids in prompts)  # left-pad to one width
+        input_ids = torch.tensor([[tok.pad_token_id] * (width - len(ids)) + ids for ids in prompts])
+        attention_mask = torch.tensor([[0] * (width - len(ids)) + [1] * len(ids) for ids in prompts])
+        input_ids = input_ids.repeat_interleave(request.n, dim=0).to(self.device)
+        attention_mask = attention_mask.repeat_interleave(request.n, dim=0).to(self.device)
         greedy = sampling.temperature == 0
         if seed is not None:
             torch.manual_seed(seed)
@@ -104,7 +114,7 @@ class HFEngine:
             max_new_tokens=sampling.max_new_tokens,
             do_sample=not greedy,
             pad_token_id=tok.pad_token_id,
-            eos_token_id=tok.eos_token_id,
+            eos_token_id=self.stop_ids,
             output_logits=True,
             return_dict_in_generate=True,
         )
@@ -113,40 +123,21 @@ class HFEngine:
         if sampling.stop:
             gen_kwargs.update(stop_strings=list(sampling.stop), tokenizer=tok)
         out = self.model.generate(input_ids=input_ids, attention_mask=attention_mask, **gen_kwargs)
-        prompt_len = input_ids.shape[1]
-        new_tokens = out.sequences[:, prompt_len:]
+        new_tokens = out.sequences[:, width:]
         temperature = 1.0 if greedy else sampling.temperature
         logits = torch.stack(out.logits, dim=1).float() / temperature  # [B, T, V]
         logps = torch.log_softmax(logits, dim=-1).gather(-1, new_tokens.unsqueeze(-1)).squeeze(-1)
-        new_tokens, logps = new_tokens.cpu(), logps.cpu()
-        groups: list[list[Rollout]] = []
-        for i, record in enumerate(records):
-            prompt_ids = enc["input_ids"][i][enc["attention_mask"][i].bool()].tolist()
+        new_tokens, logps = new_tokens.tolist(), logps.cpu()
+        samples = []
+        for i in range(len(prompts)):
             group = []
-            for j in range(request.n):
-                row = i * request.n + j
-                completion, finish = self._trim(new_tokens[row].tolist(), sampling.max_new_tokens)
-                group.append(
-                    Rollout(
-                        prompt_ids=prompt_ids,
-                        completion_ids=completion,
-                        logprobs=logps[row, : len(completion)].tolist(),
-                        reward=0.0,
-                        finish_reason=finish,
-                        text=tok.decode(completion, skip_special_tokens=True),
-                        prompt=record["prompt"],
-                        group_id=group_offset + i,
-                        gen_id=request.gen_id,
-                        weight_version=self.weight_version,
-                    )
-                )
-            groups.append(group)
-        return groups
-
-    def _trim(self, tokens: list[int], max_new_tokens: int) -> tuple[list[int], str]:
-        """Cut at the first eos (kept, so the policy learns to stop); the padding after it goes."""
-        eos = self.tokenizer.eos_token_id
-        if eos in tokens:
-            return tokens[: tokens.index(eos) + 1], "stop"
-        # no eos: generate ran this row to max_new_tokens (rows stop only at eos or the limit)
-        return tokens, "length"
+            for row in range(i * request.n, (i + 1) * request.n):
+                # rows stop at a stop token, a stop string or the limit; the padding after a stop goes
+                completion, finish = trim_at_stop(new_tokens[row], self.stop_ids)
+                if finish == "length" and sampling.stop and completion[-1] == tok.pad_token_id:
+                    while completion and completion[-1] == tok.pad_token_id:  # ended by a stop string
+                        completion.pop()
+                    finish = "stop"
+                group.append((completion, logps[row, : len(completion)].tolist(), finish))
+            samples.append(group)
+        return samples

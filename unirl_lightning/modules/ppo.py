@@ -11,15 +11,14 @@ Contract: the critic (:class:`ValueModel`) is a second copy of the policy's back
 same policy spec, with a scalar head on the last hidden state. It lives in ``self.critic``, never in
 ``self.policy``, so the strategy pushes the policy alone to the rollout workers; it is in the module's
 ``state_dict`` (checkpoints) and in the one AdamW optimizer (its own param group at ``critic_lr``).
-Everything else (policy, reward, engine, sampling, KL reference, ``old_logprob`` / ``tis_cap``) is
-:class:`~unirl_lightning.modules.grpo.GRPOModule`'s, whose arguments PPOModule takes as they are,
-except ``advantage``. Bad arguments raise ``ValueError`` naming the argument, the value and what is
-allowed, before any model is built.
+Everything else (policy, reward, sampling, KL reference, ``old_logprob`` / ``tis_cap``, the loss) is
+:class:`~unirl_lightning.modules.causal_lm.CausalLMModule`'s, which GRPOModule shares: PPO is a
+sibling of GRPO, with a critic instead of group advantages. Bad arguments raise ``ValueError``
+naming the argument, the value and what is allowed, before any model is built.
 """
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 import torch
@@ -32,8 +31,9 @@ from unirl_lightning.algorithms import (
     masked_mean,
     masked_whiten,
 )
+from unirl_lightning.checks import require_at_least, require_in_range, require_positive
 from unirl_lightning.lora import LLM_LORA_TARGETS, apply_lora
-from unirl_lightning.modules.grpo import GRPOModule, _rows
+from unirl_lightning.modules.causal_lm import CausalLMModule
 from unirl_lightning.rollout.types import ExperienceBatch
 
 __all__ = ["PPOModule", "ValueModel"]
@@ -58,7 +58,7 @@ class ValueModel(torch.nn.Module):
         return self.value_head(hidden.to(self.value_head.weight.dtype)).squeeze(-1)
 
 
-class PPOModule(GRPOModule):
+class PPOModule(CausalLMModule):
     """PPO (Schulman et al. 2017) with a learned critic and token-level GAE, for causal LMs.
 
     Args:
@@ -70,12 +70,13 @@ class PPOModule(GRPOModule):
             ``None`` = unclipped. ``> 0``.
         critic_lr: learning rate of the critic's param group; ``None`` = ``lr``.
         whiten_advantages: normalise the GAE advantages to mean 0 / std 1 over the batch's valid tokens.
-        **kwargs: every :class:`GRPOModule` argument (``policy``, ``reward``, ``rollout``, ``lora``,
-            ``num_generations``, sampling, AdamW, ``clip_low``/``clip_high``, ``loss_aggregation``
-            (also used for the value loss), ``kl_coef``/``kl_estimator``, ``old_logprob``/``tis_cap``,
-            ``ppo_epochs``/``mini_batches``, ``max_grad_norm``) except ``advantage``: advantages come
-            from the critic, so ``num_generations`` may be 1. With ``lora``, the critic's backbone gets
-            the same adapters (only they and the value head train).
+        **kwargs: every :class:`~unirl_lightning.modules.causal_lm.CausalLMModule` argument
+            (``policy``, ``reward``, ``lora``, ``num_generations``, sampling, AdamW,
+            ``clip_low``/``clip_high``, ``loss_aggregation`` (also used for the value loss),
+            ``kl_coef``/``kl_estimator``, ``old_logprob``/``tis_cap``, ``ppo_epochs``/``mini_batches``,
+            ``max_grad_norm``); advantages come from the critic, so ``num_generations`` may be 1.
+            With ``lora``, the critic's backbone gets the same adapters (only they and the value
+            head train).
 
     Example::
 
@@ -95,25 +96,20 @@ class PPOModule(GRPOModule):
     ) -> None:
         if "advantage" in kwargs:
             raise ValueError(
-                f"PPOModule estimates advantages with GAE and a critic (gamma, lam); advantage="
-                f"{kwargs['advantage']!r} is a GRPOModule argument, leave it out"
+                f"advantage must not be given to PPOModule (it estimates advantages with GAE and a critic: "
+                f"gamma, lam), got advantage={kwargs['advantage']!r}"
             )
-        for key, value in (("gamma", gamma), ("lam", lam)):
-            if not 0.0 <= value <= 1.0:
-                raise ValueError(f"{key} must be in [0, 1], got {value!r}")
-        if vf_coef < 0:
-            raise ValueError(f"vf_coef must be >= 0, got {vf_coef!r}")
-        if value_clip is not None and value_clip <= 0:
-            raise ValueError(f"value_clip must be > 0 or None (unclipped), got {value_clip!r}")
-        if critic_lr is not None and critic_lr <= 0:
-            raise ValueError(f"critic_lr must be > 0 or None (= lr), got {critic_lr!r}")
-        # "dr_grpo" only opts out of GRPO's num_generations >= 2 check; group advantages are never used
-        super().__init__(advantage="dr_grpo", **kwargs)
-        self.hparams.pop("advantage", None)
-        self.advantage = "gae"
+        require_in_range("gamma", gamma, 0, 1)
+        require_in_range("lam", lam, 0, 1)
+        require_at_least("vf_coef", vf_coef, 0)
+        if value_clip is not None:
+            require_positive("value_clip", value_clip)
+        if critic_lr is not None:
+            require_positive("critic_lr", critic_lr)
+        super().__init__(**kwargs)
         self.gamma, self.lam = gamma, lam
         self.vf_coef, self.value_clip = vf_coef, value_clip
-        self.critic_lr = critic_lr if critic_lr is not None else self.hparams.lr
+        self.critic_lr = critic_lr if critic_lr is not None else self.lr
         self.whiten_advantages = whiten_advantages
         # the critic: a second backbone from the same spec (same init), not part of self.policy
         model, _ = self.policy_spec.build()
@@ -123,7 +119,7 @@ class PPOModule(GRPOModule):
         self.critic = ValueModel(backbone, model.config.hidden_size)
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
-        """RLModule's AdamW over the policy, plus the critic's trainable parameters as a second param
+        """The base AdamW over the policy, plus the critic's trainable parameters as a second param
         group at ``critic_lr`` (one optimizer: one step, one gradient clip over both)."""
         optimizer = super().configure_optimizers()
         optimizer.add_param_group(
@@ -135,56 +131,36 @@ class PPOModule(GRPOModule):
         """``V(s_t)`` for the state that emits token ``t + 1``, ``[N, L-1]``, aligned with ``sequence_logprobs``."""
         return self.critic(input_ids=batch.input_ids, attention_mask=batch.attention_mask)[:, :-1]
 
-    def training_step(self, batch: ExperienceBatch, batch_idx: int) -> torch.Tensor:
-        start = time.perf_counter()
-        optimizer = self.optimizers()
+    @torch.no_grad()
+    def prepare_batch(self, batch: ExperienceBatch) -> dict[str, Any]:
+        context = super().prepare_batch(batch)
         mask = batch.response_mask[:, 1:]
-        with torch.no_grad():
-            old_values = self.token_values(batch)
-            prox_logp = (
-                self.sequence_logprobs(self.policy, batch) if self.old_logprob == "recompute" else None
-            )
-            ref_logp = self.reference_logprobs(batch)
+        old_values = self.token_values(batch)
         rewards = last_token_rewards(batch.rewards, mask)  # one score per sequence, on its last token
         advantages, returns = gae_advantages(rewards, old_values, mask, self.gamma, self.lam)
         if self.whiten_advantages:
             advantages = masked_whiten(advantages, mask)
-
-        rows = torch.arange(batch.num_rows, device=batch.input_ids.device)
-        first: dict[str, torch.Tensor] = {}
-        for _epoch in range(self.ppo_epochs):
-            for mb in rows.chunk(self.mini_batches):
-                minibatch = batch.select(mb)
-                policy_loss, metrics = self.policy_loss(
-                    minibatch, advantages[mb], _rows(prox_logp, mb), _rows(ref_logp, mb)
-                )
-                vf_loss, vf_clip_fraction = clipped_value_loss(
-                    self.token_values(minibatch),
-                    old_values[mb],
-                    returns[mb],
-                    mask[mb],
-                    self.value_clip,
-                    self.loss_aggregation,
-                )
-                loss = policy_loss + self.vf_coef * vf_loss
-                self.optimizer_step(optimizer, loss)
-                if not first:  # the first mini-batch is the one taken before any update of this step
-                    first = {
-                        **metrics,
-                        "loss": loss.detach(),
-                        "vf_loss": vf_loss.detach(),
-                        "vf_clip_fraction": vf_clip_fraction,
-                    }
-
-        n = batch.num_rows
-        self.log_rollout_stats(batch)
-        self.log_dict({f"train/{k}": v for k, v in first.items()}, batch_size=n)
         self.log_dict(
             {
                 "train/value_mean": masked_mean(old_values, mask),
                 "train/explained_variance": explained_variance(old_values, returns, mask),
             },
-            batch_size=n,
+            batch_size=batch.num_rows,
         )
-        self.log("perf/train_time_s", time.perf_counter() - start, batch_size=n)
-        return first["loss"]
+        return {**context, "advantages": advantages, "old_values": old_values, "returns": returns}
+
+    def minibatch_loss(
+        self, minibatch: ExperienceBatch, context: dict[str, Any]
+    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        policy_loss, metrics = self.policy_loss(minibatch, context)
+        vf_loss, vf_clip_fraction = clipped_value_loss(
+            self.token_values(minibatch),
+            context["old_values"],
+            context["returns"],
+            minibatch.response_mask[:, 1:],
+            self.value_clip,
+            self.loss_aggregation,
+            max_tokens=self.sampling.max_new_tokens,
+        )
+        metrics.update(vf_loss=vf_loss.detach(), vf_clip_fraction=vf_clip_fraction)
+        return policy_loss + self.vf_coef * vf_loss, metrics

@@ -31,8 +31,10 @@ __all__ = [
     "RewardError",
     "ExactMatchReward",
     "FormatReward",
+    "CallableFunction",
     "CallableReward",
     "CombinedReward",
+    "import_callable",
     "score_batch",
     "resolve_reward",
     "reward_name",
@@ -134,7 +136,7 @@ class FormatReward(Reward):
         return self.match_score if matcher(completion) else 0.0
 
 
-def _import_callable(path: str) -> Callable:
+def import_callable(path: str) -> Callable:
     """Import ``"pkg.mod:attr.sub"`` or ``"pkg.mod.attr"`` and return the attribute."""
     if ":" in path:
         module_name, _, attr_path = path.partition(":")
@@ -168,14 +170,42 @@ def _import_callable(path: str) -> Callable:
     raise ImportError(f"Reward path {path!r} could not be imported ({'; '.join(errors)}).")
 
 
-class CallableReward(Reward):
+class CallableFunction:
+    """A function given as itself or as its import path, resolved on first use.
+
+    A path (``"pkg.mod:func"`` / ``"pkg.mod.func"``) is imported lazily, so the holder pickles as
+    the string and the function only needs to be importable where it is called (e.g. on a Ray
+    worker); a function object must itself be picklable (defined at module level). Shared by
+    :class:`CallableReward` and the image rewards' ``CallableImageReward``.
+    """
+
+    def __init__(self, fn: str | Callable[..., Any], name: str | None = None) -> None:
+        if not isinstance(fn, str) and not callable(fn):
+            raise TypeError(f"fn must be a callable or an import path string, got {fn!r}")
+        self.fn = fn
+        self.name = name or (fn if isinstance(fn, str) else getattr(fn, "__name__", type(fn).__name__))
+        self._resolved: Callable | None = None if isinstance(fn, str) else fn
+
+    @property
+    def function(self) -> Callable[..., Any]:
+        """The resolved function (imports ``fn`` on first access when it is a path)."""
+        if self._resolved is None:
+            self._resolved = import_callable(self.fn)  # type: ignore[arg-type]
+        return self._resolved
+
+    def __getstate__(self) -> dict:
+        state = self.__dict__.copy()
+        if isinstance(self.fn, str):
+            state["_resolved"] = None  # ship the path, not the imported function
+        return state
+
+
+class CallableReward(CallableFunction, Reward):
     """Wrap a per-sample function ``fn(completion, record) -> float`` as a batch reward.
 
     Args:
-        fn: The function, or its import path ``"pkg.mod:func"`` / ``"pkg.mod.func"``. A path is
-            imported lazily on first use, so the reward pickles as a string and the function only
-            needs to be importable where it is called (e.g. on a Ray worker). A function object
-            must itself be picklable (defined at module level).
+        fn: The function, or its import path ``"pkg.mod:func"`` / ``"pkg.mod.func"`` (see
+            :class:`CallableFunction`).
         name: Reward name for logs and errors; defaults to the path or the function's ``__name__``.
 
     Example::
@@ -190,28 +220,8 @@ class CallableReward(Reward):
         #   init_args: {fn: my_rewards.short}
     """
 
-    def __init__(self, fn: str | Callable[[str, dict], float], name: str | None = None) -> None:
-        if not isinstance(fn, str) and not callable(fn):
-            raise TypeError(f"CallableReward fn={fn!r} is neither a callable nor an import path string.")
-        self.fn = fn
-        self.name = name or (fn if isinstance(fn, str) else getattr(fn, "__name__", type(fn).__name__))
-        self._resolved: Callable | None = None if isinstance(fn, str) else fn
-
-    @property
-    def function(self) -> Callable[[str, dict], float]:
-        """The resolved function (imports ``fn`` on first access when it is a path)."""
-        if self._resolved is None:
-            self._resolved = _import_callable(self.fn)  # type: ignore[arg-type]
-        return self._resolved
-
     def score(self, completion: str, record: dict) -> float:
         return self.function(completion, record)
-
-    def __getstate__(self) -> dict:
-        state = self.__dict__.copy()
-        if isinstance(self.fn, str):
-            state["_resolved"] = None  # ship the path, not the imported function
-        return state
 
 
 def resolve_reward(reward: Reward | str | Callable) -> Reward | Callable:

@@ -18,79 +18,89 @@ one step, the freshest groups are trained and the older ones may age out (counte
 ``rollout/evicted_groups``); when generation is the bottleneck the buffer rarely holds more than
 one step, so nothing ages out. Eviction therefore only spends generation that had slack. ``launch_ceiling`` keeps launches from running so far ahead that they would be evicted.
 The loop's position (prompts handed out, launched-but-untrained requests, next gen_id, version)
-is in ``state_dict`` so that a checkpoint resumes without losing or repeating prompts.
+is in ``state_dict`` so that a checkpoint resumes without losing or repeating prompts. A resumed
+loop relaunches the untrained requests first, under new gen_ids; those gen_ids do not count
+against the launch ceiling's look-ahead (``gen_id_offset``), so a resumed run keeps as many
+requests in flight as before the restart.
+
+The loop trusts its arguments: the strategy validates them (one layer of validation).
 """
 
 from __future__ import annotations
 
-import sys
 import time
-from collections.abc import Iterable, Iterator
-from typing import Any
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any, Literal
 
 from unirl_lightning.rollout.controller import BatchRolloutController, StampedGroup, launch_ceiling
-from unirl_lightning.rollout.types import ExperienceBatch, RolloutRequest, SamplingParams
 
-ORDERS = ("launch_first", "poll_first")
+RolloutOrder = Literal["launch_first", "poll_first"]
+
+Collate = Callable[[list[list[Any]]], Any]
+"""``collate(groups) -> batch``: the module's batch type, with its own ``stats`` filled in."""
 
 
 class PendingBatch:
-    """What the loop yields to Lightning: resolved into an ExperienceBatch by the strategy."""
+    """What the loop yields to Lightning: resolved into the real batch by the strategy."""
 
     __slots__ = ("loop",)
 
     def __init__(self, loop: RolloutLoop) -> None:
         self.loop = loop
 
-    def resolve(self) -> ExperienceBatch:
+    def resolve(self) -> Any:
         return self.loop.next_batch()
 
 
 class RolloutLoop:
+    """Turns a stream of prompt batches into trained batches, one RL step per ``next_batch()``.
+
+    Args:
+        prompts: an iterable of prompt-record batches (the datamodule's train dataloader); it is
+            iterated again when exhausted (one endless epoch for Lightning).
+        controller: the mechanism (launch, poll, drain, version ledger).
+        collate: ``collate(groups) -> batch`` of the module's batch type.
+        build_request: ``build_request(records, gen_id) -> request`` (the module's sampling).
+        max_staleness / max_inflight / sync_interval: the staleness contract (see the module docstring).
+        order: ``"launch_first"`` (autoregressive) or ``"poll_first"`` (diffusion).
+    """
+
     def __init__(
         self,
         prompts: Iterable[list[dict[str, Any]]],
         controller: BatchRolloutController,
         *,
-        num_generations: int,
-        sampling: SamplingParams,
+        collate: Collate,
+        build_request: Callable[[list[dict[str, Any]], int], Any],
         max_staleness: int,
         max_inflight: int,
         sync_interval: int,
-        pad_token_id: int,
-        seed: int = 0,
-        order: str = "launch_first",
-        num_rollouts: int = sys.maxsize,
-        collate: Any = None,
+        order: RolloutOrder = "launch_first",
+        num_rollouts: int | None = None,
     ) -> None:
-        if order not in ORDERS:
-            raise ValueError(f"order must be one of {ORDERS}, got {order!r}")
-        if max_inflight < 1:
-            raise ValueError(f"max_inflight must be >= 1, got {max_inflight}")
-        if max_staleness < 0:
-            raise ValueError(f"max_staleness must be >= 0, got {max_staleness}")
         self.prompts = prompts
         self.controller = controller
-        self.num_generations = num_generations
-        self.sampling = sampling
+        self.collate = collate
+        self.build_request = build_request
         self.max_staleness = max_staleness
         self.max_inflight = max_inflight
         self.sync_interval = sync_interval
-        self.pad_token_id = pad_token_id
-        self.seed = seed
         self.order = order
         self.num_rollouts = num_rollouts
-        self.collate = collate or ExperienceBatch.collate
         # position in the prompt stream and the requests launched but not yet trained
         self.steps = 0
         self.prompt_batches_used = 0
         self.prompt_epoch = 0
+        self.epoch_start = 0  # prompt_batches_used when the current pass over the prompts began
+        self.gen_id_offset = 0  # gen_ids used by relaunches after a resume (not counted by the ceiling)
         self.untrained: dict[int, list[dict[str, Any]]] = {}  # gen_id -> prompt records
         self.replay: list[list[dict[str, Any]]] = []  # records to relaunch first after a resume
         self.evicted_groups = 0
-        self.evicted_gen_ids: list[int] = []
+        self.recent_evicted_gen_ids: deque[int] = deque(maxlen=1024)  # for inspection; bounded
         self.blocked_s = 0.0  # time the trainer waited on generation since the last batch
         self.generate_s = 0.0  # generation time of the jobs reaped since the last batch
+        self.score_s = 0.0  # reward time of the jobs reaped since the last batch
         self.groups_per_step: int | None = None
         self._prompt_iter: Iterator[list[dict[str, Any]]] | None = None
 
@@ -100,33 +110,24 @@ class RolloutLoop:
             return self.replay.pop(0)
         if self._prompt_iter is None:
             self._prompt_iter = iter(self.prompts)
-            for _ in range(self.prompt_batches_used - self._epoch_offset()):
+            for _ in range(self.prompt_batches_used - self.epoch_start):
                 next(self._prompt_iter)
         try:
             records = next(self._prompt_iter)
         except StopIteration:  # a new pass over the prompts: Lightning sees one endless epoch
             self.prompt_epoch += 1
-            self._epoch_start = self.prompt_batches_used
+            self.epoch_start = self.prompt_batches_used
             self._prompt_iter = iter(self.prompts)
             records = next(self._prompt_iter)
         self.prompt_batches_used += 1
         return list(records)
 
-    def _epoch_offset(self) -> int:
-        return getattr(self, "_epoch_start", 0)
-
-    def _build(self, gen_id: int) -> RolloutRequest:
+    def _build(self, gen_id: int) -> Any:
         records = self._next_records()
         if self.groups_per_step is None:
             self.groups_per_step = len(records)
         self.untrained[gen_id] = records
-        return RolloutRequest(
-            records=records,
-            n=self.num_generations,
-            sampling=self.sampling,
-            seed=self.seed + gen_id,
-            gen_id=gen_id,
-        )
+        return self.build_request(records, gen_id)
 
     # -- one step -------------------------------------------------------------------------------
     def __iter__(self) -> RolloutLoop:
@@ -142,14 +143,21 @@ class RolloutLoop:
         """
         return PendingBatch(self)
 
-    def next_batch(self) -> ExperienceBatch:
+    def launch_limit(self) -> int:
+        """The exclusive gen_id bound for launches now (the launch ceiling, shifted by relaunches)."""
+        ceiling = launch_ceiling(
+            self.steps, self.sync_interval, self.max_staleness, self.num_rollouts or 1 << 62
+        )
+        return ceiling + self.gen_id_offset
+
+    def next_batch(self) -> Any:
         """Run one RL step of the rollout policy and return the batch to train on."""
         ctl = self.controller
-        ceiling = launch_ceiling(self.steps, self.sync_interval, self.max_staleness, self.num_rollouts)
+        limit = self.launch_limit()
         while True:
             if self.order == "poll_first":  # reap what is ready (also after a wait) before any launch
                 self._reap()
-            ctl.launch_until(ceiling, self.max_inflight, self._build)
+            ctl.launch_until(limit, self.max_inflight, self._build)
             if self.order == "launch_first":
                 self._reap()
             drained = ctl.drain_freshest(self.groups_per_step or 1, self.max_staleness)
@@ -169,7 +177,7 @@ class RolloutLoop:
     def _count_evicted(self) -> None:
         for item in self.controller.pop_evicted():
             self.evicted_groups += 1
-            self.evicted_gen_ids.append(item.gen_id)
+            self.recent_evicted_gen_ids.append(item.gen_id)
             self.untrained.pop(item.gen_id, None)
 
     def complete(self, gen_id: int, weight_version: int, result: dict[str, Any]) -> list[Any]:
@@ -179,42 +187,47 @@ class RolloutLoop:
                 rollout.gen_id = gen_id
                 rollout.weight_version = weight_version
         self.generate_s += result["generate_s"]
+        self.score_s += result["score_s"]
         return result["groups"]
 
-    def _make_batch(self, drained: list[StampedGroup]) -> ExperienceBatch:
+    def _make_batch(self, drained: list[StampedGroup]) -> Any:
         for item in drained:
             self.untrained.pop(item.gen_id, None)
-        rewards = [r.reward for item in drained for r in item.group]
-        lengths = [
-            len(r.completion_ids) for item in drained for r in item.group if hasattr(r, "completion_ids")
-        ]
+        groups = [item.group for item in drained]
+        batch = self.collate(groups)
+        rewards = [[r.reward for r in group] for group in groups]
+        flat = [x for group in rewards for x in group]
+        mean = sum(flat) / len(flat)
         overlap = 1.0 - min(1.0, self.blocked_s / self.generate_s) if self.generate_s > 0 else 0.0
-        stats = {
-            "rollout/reward_mean": sum(rewards) / len(rewards),
-            "rollout/evicted_groups": float(self.evicted_groups),
-            "rollout/inflight": float(self.controller.inflight),
-            "perf/generate_time_s": self.generate_s,
-            "perf/wait_time_s": self.blocked_s,
-            "perf/overlap": overlap,
-        }
-        if lengths:  # token rollouts (images have no length)
-            stats["rollout/completion_len"] = sum(lengths) / len(lengths)
-        batch = self.collate([item.group for item in drained], self.pad_token_id, stats)
+        batch.stats.update(
+            {
+                "rollout/reward_mean": mean,
+                "rollout/reward_std": (sum((x - mean) ** 2 for x in flat) / max(1, len(flat) - 1)) ** 0.5,
+                "rollout/zero_variance_groups": sum(len(set(g)) == 1 for g in rewards) / len(rewards),
+                "rollout/evicted_groups": float(self.evicted_groups),
+                "rollout/inflight": float(self.controller.inflight),
+                "perf/generate_time_s": self.generate_s,
+                "perf/score_time_s": self.score_s,
+                "perf/wait_time_s": self.blocked_s,
+                "perf/overlap": overlap,
+            }
+        )
         self.steps += 1
-        self.blocked_s = 0.0
-        self.generate_s = 0.0
+        self.blocked_s = self.generate_s = self.score_s = 0.0
         return batch
 
     # -- checkpointing --------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
-        """Launched-but-untrained prompts are saved by value: a resume relaunches them first."""
+        """Plain Python types only. Launched-but-untrained prompts are saved by value: a resume
+        relaunches them first."""
         return {
             "steps": self.steps,
             "prompt_batches_used": self.prompt_batches_used,
             "prompt_epoch": self.prompt_epoch,
-            "epoch_start": self._epoch_offset(),
+            "epoch_start": self.epoch_start,
             "next_gen_id": self.controller.next_gen_id,
             "weight_version": self.controller.weight_version,
+            "gen_id_offset": self.gen_id_offset - len(self.replay),  # a load counts pending relaunches again
             "untrained": [self.untrained[g] for g in sorted(self.untrained)] + list(self.replay),
             "evicted_groups": self.evicted_groups,
         }
@@ -223,7 +236,9 @@ class RolloutLoop:
         self.steps = state["steps"]
         self.prompt_batches_used = state["prompt_batches_used"]
         self.prompt_epoch = state["prompt_epoch"]
-        self._epoch_start = state["epoch_start"]
+        self.epoch_start = state["epoch_start"]
         self.replay = [list(r) for r in state["untrained"]]
+        # each relaunch takes a new gen_id; without the offset they would use up the look-ahead
+        self.gen_id_offset = state.get("gen_id_offset", 0) + len(self.replay)
         self.evicted_groups = state["evicted_groups"]
         self._prompt_iter = None

@@ -4,16 +4,28 @@ Contract: a :class:`RolloutRequest` goes from the driver to a worker; the worker
 group (a list of :class:`Rollout`) per prompt record, every sample already scored. The driver
 collates the groups it trains on into one :class:`ExperienceBatch` of padded tensors.
 
-Everything here pickles (Ray ships it between processes); ``ExperienceBatch`` is the only record
-that holds tensors, and it has a ``to(device)`` so Lightning moves it like any batch.
+Two families share the shape: token policies (:class:`SamplingParams`, :class:`Rollout`,
+:class:`ExperienceBatch`) and diffusion policies (:class:`DiffusionSampling`,
+:class:`DiffusionRollout`, :class:`DiffusionBatch`). Everything here pickles (Ray ships it between
+processes); the batches have ``to(device)`` and ``select(rows)`` so Lightning moves them like any
+batch and the modules cut mini-batches from them. A batch's ``collate(groups)`` also computes the
+rollout statistics only its family has (e.g. completion length), so the loop never inspects
+record types.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field, fields, replace
-from typing import Any
+from typing import Any, Literal
 
+import numpy as np
 import torch
+
+from unirl_lightning.checks import require_at_least, require_in_range
+
+FinishReason = Literal["stop", "length", "aborted"]
+PolicyFamily = Literal["token", "diffusion"]
+"""Which policies an engine serves: causal LMs (``"token"``) or flow-matching image models."""
 
 
 def common_group_size(groups: list[list[Any]]) -> int:
@@ -42,12 +54,9 @@ class SamplingParams:
     stop: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
-        if self.temperature < 0:
-            raise ValueError(f"temperature must be >= 0 (0 means greedy), got {self.temperature}")
-        if not 0 < self.top_p <= 1:
-            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
-        if self.max_new_tokens < 1:
-            raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
+        require_at_least("temperature", self.temperature, 0)
+        require_in_range("top_p", self.top_p, 0, 1, low_open=True)
+        require_at_least("max_new_tokens", self.max_new_tokens, 1)
 
 
 @dataclass
@@ -61,8 +70,7 @@ class RolloutRequest:
     gen_id: int = -1
 
     def __post_init__(self) -> None:
-        if self.n < 1:
-            raise ValueError(f"n (samples per prompt) must be >= 1, got {self.n}")
+        require_at_least("n", self.n, 1)
 
     def split(self, parts: int) -> list[RolloutRequest]:
         """Split the records into at most ``parts`` contiguous, non-empty requests (groups never straddle)."""
@@ -83,10 +91,10 @@ class Rollout:
     completion_ids: list[int]
     logprobs: list[float]  # behaviour log-prob of every completion token, at the sampling temperature
     reward: float
-    finish_reason: str  # "stop" (eos or a stop string) | "length"
+    finish_reason: FinishReason  # "stop" (eos, end of turn or a stop string) | "length"
     text: str = ""
     prompt: str = ""
-    group_id: int = 0
+    group_id: int = 0  # index of the prompt record in the request the engine served
     gen_id: int = -1
     weight_version: int = -1
 
@@ -96,6 +104,11 @@ class Rollout:
                 f"a Rollout needs one log-prob per completion token: {len(self.completion_ids)} tokens, "
                 f"{len(self.logprobs)} log-probs"
             )
+
+    @property
+    def reward_input(self) -> str:
+        """What a reward scores: the decoded completion."""
+        return self.text
 
 
 @dataclass
@@ -140,8 +153,9 @@ class ExperienceBatch:
         return replace(self, **picked)
 
     @classmethod
-    def collate(cls, groups: list[list[Rollout]], pad_token_id: int, stats: dict[str, float] | None = None):
-        """Collate scored groups (all of one size) into padded tensors."""
+    def collate(cls, groups: list[list[Rollout]], pad_token_id: int) -> ExperienceBatch:
+        """Collate scored groups (all of one size) into padded tensors; ``stats`` gets the
+        completion-length figures (mean, max, fraction truncated at the token budget)."""
         group_size = common_group_size(groups)
         rows = [r for g in groups for r in g]
         length = max(len(r.prompt_ids) + len(r.completion_ids) for r in rows)
@@ -156,6 +170,7 @@ class ExperienceBatch:
             attention_mask[i, : p + c] = 1
             response_mask[i, p : p + c] = 1.0
             rollout_logprobs[i, p : p + c] = torch.tensor(r.logprobs, dtype=torch.float32)
+        lengths = [len(r.completion_ids) for r in rows]
         return cls(
             input_ids=input_ids,
             attention_mask=attention_mask,
@@ -165,5 +180,184 @@ class ExperienceBatch:
             weight_versions=torch.tensor([r.weight_version for r in rows], dtype=torch.long),
             gen_ids=torch.tensor([r.gen_id for r in rows], dtype=torch.long),
             group_size=group_size,
-            stats=dict(stats or {}),
+            stats={
+                "rollout/completion_len": sum(lengths) / num,
+                "rollout/completion_len_max": float(max(lengths)),
+                "rollout/truncated_fraction": sum(r.finish_reason == "length" for r in rows) / num,
+            },
+        )
+
+
+# -- diffusion policies ---------------------------------------------------------------------------
+@dataclass(frozen=True)
+class DiffusionSampling:
+    """How the diffusion engine samples: ``num_steps`` denoising steps, the SDE on ``sde_indices``.
+
+    Args:
+        num_steps: denoising steps of the sampler (the scheduler's sigmas, ``1.0 -> 0.0``).
+        eta: noise level of the Flow-GRPO SDE (its ``noise_level``), ``>= 0``. ``eta=0`` is the
+            deterministic ODE (evaluation): no step is stochastic and nothing is recorded.
+        sde_indices: the step indices (in ``[0, num_steps)``) that run the SDE and are recorded
+            for training; ``None`` = every step when ``eta > 0``. A window such as ``[0, 1, 2]``
+            trains on the early, high-noise steps only (Flow-GRPO-Fast, MixGRPO).
+        guidance_scale: classifier-free guidance; 1.0 = off (one denoiser call per step).
+
+    Example::
+
+        DiffusionSampling(num_steps=10, eta=0.7, sde_indices=(0, 1, 2, 3))
+    """
+
+    num_steps: int = 10
+    eta: float = 1.0
+    sde_indices: tuple[int, ...] | None = None
+    guidance_scale: float = 1.0
+
+    def __post_init__(self) -> None:
+        if self.num_steps < 1:
+            raise ValueError(f"num_steps must be >= 1, got {self.num_steps}")
+        if not self.eta >= 0:
+            raise ValueError(f"eta must be >= 0 (0 = the deterministic ODE), got {self.eta!r}")
+        if not self.guidance_scale >= 0:
+            raise ValueError(f"guidance_scale must be >= 0 (1.0 = no guidance), got {self.guidance_scale!r}")
+        if self.sde_indices is None:
+            return
+        indices = tuple(int(i) for i in self.sde_indices)
+        outside = [i for i in indices if not 0 <= i < self.num_steps]
+        if outside:
+            raise ValueError(
+                f"sde_indices {list(indices)} fall outside the schedule: {outside} not in "
+                f"[0, num_steps={self.num_steps})"
+            )
+        if len(set(indices)) != len(indices):
+            raise ValueError(f"sde_indices must not repeat a step, got {list(indices)}")
+        if self.eta == 0 and indices:
+            raise ValueError(
+                f"eta=0 is the deterministic ODE, so no step can be an SDE step; got sde_indices={list(indices)} "
+                "(give eta > 0, or sde_indices=None / [])"
+            )
+        object.__setattr__(self, "sde_indices", tuple(sorted(indices)))
+
+    def sde_steps(self) -> tuple[int, ...]:
+        """The step indices that run the SDE and are recorded (empty for ``eta=0``)."""
+        if self.eta == 0:
+            return ()
+        return tuple(range(self.num_steps)) if self.sde_indices is None else self.sde_indices
+
+
+@dataclass
+class DiffusionRollout:
+    """One sampled image with the SDE trajectory the trainer replays (``S`` recorded steps).
+
+    ``latents[s]`` is the input of recorded step ``s`` and ``next_latents[s]`` its sampled output;
+    ``log_probs[s]`` is the Gaussian log-prob of that transition (mean over latent elements).
+    """
+
+    image: np.ndarray  # uint8 [H, W, 3]
+    latents: torch.Tensor  # [S, C, h, w] float32
+    next_latents: torch.Tensor  # [S, C, h, w] float32
+    log_probs: torch.Tensor  # [S] float32
+    sigmas: torch.Tensor  # [S] float32, sigma of each recorded step
+    sigmas_next: torch.Tensor  # [S] float32
+    eta: float
+    guidance_scale: float = 1.0
+    record: dict[str, Any] = field(default_factory=dict)
+    reward: float = 0.0
+    prompt: str = ""
+    group_id: int = 0
+    gen_id: int = -1
+    weight_version: int = -1
+
+    def __post_init__(self) -> None:
+        steps = self.log_probs.shape[0]
+        if self.latents.shape != self.next_latents.shape or self.latents.shape[:1] != (steps,):
+            raise ValueError(
+                f"a DiffusionRollout needs latents and next_latents of shape [S, ...] with S = {steps} "
+                f"log-probs, got {tuple(self.latents.shape)} and {tuple(self.next_latents.shape)}"
+            )
+        if self.sigmas.shape != (steps,) or self.sigmas_next.shape != (steps,):
+            raise ValueError(
+                f"a DiffusionRollout needs one sigma per recorded step ({steps}), got "
+                f"{tuple(self.sigmas.shape)} and {tuple(self.sigmas_next.shape)}"
+            )
+
+    @property
+    def reward_input(self) -> np.ndarray:
+        """What an image reward scores: the ``uint8`` image ``[H, W, 3]``."""
+        return self.image
+
+
+@dataclass
+class DiffusionBatch:
+    """The recorded SDE steps of ``num_groups * group_size`` images, rows ordered group by group.
+
+    ``latents[i, s]`` / ``next_latents[i, s]`` are the input and sampled output of recorded step ``s``
+    of row ``i``, ``log_probs[i, s]`` its behaviour log-prob, ``sigmas[i, s]`` / ``sigmas_next[i, s]``
+    its noise levels. ``records`` are the prompt records (the trainer re-encodes the conditioning).
+    """
+
+    latents: torch.Tensor  # [N, S, C, h, w] float32
+    next_latents: torch.Tensor  # [N, S, C, h, w] float32
+    log_probs: torch.Tensor  # [N, S] float32
+    sigmas: torch.Tensor  # [N, S]
+    sigmas_next: torch.Tensor  # [N, S]
+    images: torch.Tensor  # [N, H, W, 3] uint8
+    rewards: torch.Tensor  # [N]
+    weight_versions: torch.Tensor  # [N] long, launch-time stamp of each row
+    gen_ids: torch.Tensor  # [N] long
+    group_size: int
+    records: list[dict[str, Any]]
+    eta: float
+    guidance_scale: float = 1.0
+    advantages: torch.Tensor | None = None  # [N], filled by the module
+    stats: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def num_rows(self) -> int:
+        return int(self.rewards.shape[0])
+
+    def _tensors(self) -> dict[str, torch.Tensor]:
+        return {
+            f.name: getattr(self, f.name)
+            for f in fields(self)
+            if isinstance(getattr(self, f.name), torch.Tensor)
+        }
+
+    def to(self, device: torch.device | str) -> DiffusionBatch:
+        return replace(self, **{name: t.to(device) for name, t in self._tensors().items()})
+
+    def select(self, rows: torch.Tensor) -> DiffusionBatch:
+        """The same batch restricted to ``rows`` (an index tensor, for mini-batches)."""
+        picked = {name: t[rows.to(t.device)] for name, t in self._tensors().items()}
+        return replace(self, **picked, records=[self.records[i] for i in rows.tolist()])
+
+    @classmethod
+    def collate(cls, groups: list[list[DiffusionRollout]]) -> DiffusionBatch:
+        """Stack scored groups (all of one size, all with the same recorded steps) into one batch."""
+        group_size = common_group_size(groups)
+        rows = [r for g in groups for r in g]
+        steps = {tuple(r.latents.shape) for r in rows}
+        if len(steps) != 1:
+            raise ValueError(
+                f"every rollout of a batch must record the same SDE steps, got latent shapes {sorted(steps)}"
+            )
+        etas = {(r.eta, r.guidance_scale) for r in rows}
+        if len(etas) != 1:
+            raise ValueError(
+                f"every rollout of a batch must share eta and guidance_scale, got {sorted(etas)}"
+            )
+        eta, guidance_scale = etas.pop()
+        return cls(
+            latents=torch.stack([r.latents for r in rows]),
+            next_latents=torch.stack([r.next_latents for r in rows]),
+            log_probs=torch.stack([r.log_probs for r in rows]),
+            sigmas=torch.stack([r.sigmas for r in rows]),
+            sigmas_next=torch.stack([r.sigmas_next for r in rows]),
+            images=torch.from_numpy(np.stack([r.image for r in rows])),
+            rewards=torch.tensor([r.reward for r in rows], dtype=torch.float32),
+            weight_versions=torch.tensor([r.weight_version for r in rows], dtype=torch.long),
+            gen_ids=torch.tensor([r.gen_id for r in rows], dtype=torch.long),
+            group_size=group_size,
+            records=[r.record for r in rows],
+            eta=eta,
+            guidance_scale=guidance_scale,
         )

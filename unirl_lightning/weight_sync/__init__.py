@@ -6,6 +6,9 @@ advances the version ledger. Backends: :class:`ObjectStoreWeightSync` (default),
 :class:`CollectiveWeightSync` (a standalone torch.distributed group, gloo on CPU / nccl on GPU).
 """
 
+from typing import Literal
+
+from unirl_lightning.checks import require_choice
 from unirl_lightning.weight_sync.base import SyncStats, WeightSync, named_weights
 from unirl_lightning.weight_sync.collective import CollectiveWeightSync
 from unirl_lightning.weight_sync.object_store import ObjectStoreWeightSync
@@ -15,18 +18,18 @@ __all__ = [
     "ObjectStoreWeightSync",
     "SyncStats",
     "WeightSync",
+    "WeightSyncName",
     "named_weights",
     "resolve_weight_sync",
 ]
 
 
-def resolve_weight_sync(spec: "str | WeightSync") -> WeightSync:
+WeightSyncName = Literal["object_store", "collective"]
+
+
+def resolve_weight_sync(spec: "WeightSyncName | WeightSync") -> WeightSync:
     """``"object_store"`` | ``"collective"`` | an instance."""
     if not isinstance(spec, str):
         return spec
-    choices = {"object_store": ObjectStoreWeightSync, "collective": CollectiveWeightSync}
-    if spec not in choices:
-        raise ValueError(
-            f"weight_sync must be one of {sorted(choices)} or a WeightSync instance, got {spec!r}"
-        )
-    return choices[spec]()
+    require_choice("weight_sync", spec, WeightSyncName)
+    return {"object_store": ObjectStoreWeightSync, "collective": CollectiveWeightSync}[spec]()

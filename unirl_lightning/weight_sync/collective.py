@@ -19,6 +19,7 @@ import torch
 import torch.distributed as dist
 
 from unirl_lightning.weight_sync.base import SyncStats, named_weights, tensor_bytes
+from unirl_lightning.weight_sync.buckets import weight_buckets
 
 Layout = list[list[tuple[str, tuple[int, ...]]]]  # buckets of (name, shape)
 
@@ -42,18 +43,10 @@ def _make_group(backend: str, host: str, port: int, rank: int, world_size: int, 
 
 
 def _bucket_layout(tensors: dict[str, torch.Tensor], bucket_bytes: int) -> tuple[Layout, list[torch.dtype]]:
-    buckets: Layout = []
-    dtypes: list[torch.dtype] = []
-    size = 0
-    for name, t in tensors.items():
-        nbytes = t.numel() * t.element_size()
-        if not buckets or dtypes[-1] != t.dtype or size + nbytes > bucket_bytes:
-            buckets.append([])
-            dtypes.append(t.dtype)
-            size = 0
-        buckets[-1].append((name, tuple(t.shape)))
-        size += nbytes
-    return buckets, dtypes
+    """The (name, shape) layout of each dtype-homogeneous bucket, and each bucket's dtype."""
+    buckets = list(weight_buckets(tensors.items(), bucket_bytes))
+    layout = [[(name, tuple(t.shape)) for name, t in bucket] for bucket in buckets]
+    return layout, [bucket[0][1].dtype for bucket in buckets]
 
 
 # --- worker side (run inside the rollout worker through RolloutWorker.run) -----------------------

@@ -9,8 +9,8 @@ Contract:
   ``ready()`` and reaps it with ``result()``. ``result()`` is retryable: a failure raises and the
   call stays reapable.
 * Rewards are scored inside the worker, right after generation, so scoring overlaps training too.
-  A reward scores each sample's ``reward_input`` when it has one (the image of a diffusion
-  rollout), else its ``text``.
+  A reward scores each sample's ``reward_input`` (the text of a token rollout, the image of a
+  diffusion rollout).
   A reward that raises fails the call with :class:`~unirl_lightning.rewards.RewardError`, which
   names the reward and the prompt.
 * :meth:`RolloutWorkerGroup.shutdown` kills every actor; it runs on normal exit, on error and on
@@ -76,10 +76,13 @@ def _check_fits(num_workers: int, cpus: float, gpus: float, resources: dict[str,
 
 
 class RolloutWorker:
-    """Runs one engine and scores its groups. Ray wraps this class as an actor."""
+    """Runs one engine, built from ``engine_config`` for the module's ``policy`` and ``lora``, and
+    scores its groups. Ray wraps this class as an actor."""
 
-    def __init__(self, engine_config: Any, reward: Any, worker_index: int = 0) -> None:
-        self.engine = engine_config.build()
+    def __init__(
+        self, engine_config: Any, policy: Any, lora: Any, reward: Any, worker_index: int = 0
+    ) -> None:
+        self.engine = engine_config.build(policy, lora)
         self.reward = reward
         self.worker_index = worker_index
 
@@ -91,8 +94,7 @@ class RolloutWorker:
         generate_s = time.perf_counter() - start
         if self.reward is not None:
             for group, record in zip(groups, request.records):
-                # what the reward scores: the text, or e.g. the image of a diffusion rollout
-                completions = [getattr(r, "reward_input", r.text) for r in group]
+                completions = [r.reward_input for r in group]
                 scores = score_batch(self.reward, completions, [record] * len(group))
                 for rollout, score in zip(group, scores):
                     rollout.reward = float(score)
@@ -107,10 +109,6 @@ class RolloutWorker:
             named_tensors = named_tensors.items()
         self.engine.load_weights(named_tensors, weight_version)
         return weight_version
-
-    def call_engine(self, method: str, *args: Any, **kwargs: Any) -> Any:
-        """Run any engine method in the worker (weight-sync backends and tests use it)."""
-        return getattr(self.engine, method)(*args, **kwargs)
 
     def run(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         """Run ``fn(worker, *args)`` in the worker (weight-sync backends use it)."""
@@ -128,8 +126,8 @@ class RolloutWorker:
     def wake(self) -> None:
         self.engine.wake()
 
-    def pid(self) -> int:
-        return os.getpid()
+    def close(self) -> None:
+        self.engine.close()
 
 
 class PendingCall:
@@ -138,7 +136,6 @@ class PendingCall:
     def __init__(self, refs: list[ray.ObjectRef], merge: Callable[[list[Any]], Any]) -> None:
         self._refs = refs
         self._merge = merge
-        self.launched_at = time.perf_counter()
 
     def ready(self) -> bool:
         done, _ = ray.wait(self._refs, num_returns=len(self._refs), timeout=0, fetch_local=False)
@@ -167,7 +164,7 @@ class RolloutWorkerGroup:
 
     Example::
 
-        group = RolloutWorkerGroup(HFEngineConfig(policy=TinyCausalLM()), reward=ExactMatchReward(),
+        group = RolloutWorkerGroup(HFEngineConfig(), TinyCausalLM(), reward=ExactMatchReward(),
                                    num_workers=2, num_cpus_per_worker=1)
         pending = group.generate(RolloutRequest(records, n=8))
         groups = pending.result()["groups"]
@@ -176,6 +173,8 @@ class RolloutWorkerGroup:
     def __init__(
         self,
         engine_config: Any,
+        policy: Any,
+        lora: Any = None,
         reward: Any = None,
         num_workers: int = 1,
         num_cpus_per_worker: float = 1,
@@ -195,7 +194,7 @@ class RolloutWorkerGroup:
             max_concurrency=1,
         )
         _check_fits(num_workers, num_cpus_per_worker, num_gpus_per_worker, resources_per_worker or {})
-        self.workers = [actor_cls.remote(engine_config, reward, i) for i in range(num_workers)]
+        self.workers = [actor_cls.remote(engine_config, policy, lora, reward, i) for i in range(num_workers)]
         self.num_workers = num_workers
         atexit.register(self.shutdown)
         # surface construction errors (a bad engine config, a missing extra) here, not at first use
@@ -218,11 +217,15 @@ class RolloutWorkerGroup:
         """Call ``method`` on every worker and wait for all answers."""
         return ray.get([getattr(w, method).remote(*args, **kwargs) for w in self.workers])
 
-    def call_engine(self, method: str, *args: Any, **kwargs: Any) -> list[Any]:
-        return self.call("call_engine", method, *args, **kwargs)
-
     def shutdown(self) -> None:
-        for worker in getattr(self, "workers", []):
+        """Close every engine (best effort, a few seconds), then kill the actors."""
+        workers = getattr(self, "workers", [])
+        if workers and ray.is_initialized():
+            try:
+                ray.get([w.close.remote() for w in workers], timeout=10)
+            except Exception:  # noqa: BLE001 - a dead or stuck worker is killed below
+                pass
+        for worker in workers:
             try:
                 ray.kill(worker)
             except Exception:  # noqa: BLE001 - best effort at teardown

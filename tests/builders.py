@@ -1,4 +1,5 @@
-"""Builders shared by the GRPO integration tests: a tiny module, data, and a recording callback."""
+"""Builders of tiny real runs (GRPO, PPO, Flow-GRPO; HF and vLLM engines): a quiet Trainer, a tiny
+module, data, a recording callback and a push counter."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from lightning.pytorch.loggers import TensorBoardLogger
 from unirl_lightning.callbacks import RolloutEvalCallback, WeightSyncCallback, WeightVersionLogger
 from unirl_lightning.data import PromptDataModule
 from unirl_lightning.models import TinyCausalLM
-from unirl_lightning.modules import GRPOModule
+from unirl_lightning.modules import CausalLMModule, GRPOModule
 from unirl_lightning.rewards import ExactMatchReward
 from unirl_lightning.strategy import AsyncRolloutStrategy
 
@@ -63,8 +64,8 @@ def count_pushes(strategy: AsyncRolloutStrategy) -> list[int]:
     return pushes
 
 
-def tiny_module(module_cls: type[GRPOModule] = GRPOModule, **overrides: Any) -> GRPOModule:
-    """A GRPO (or subclass, e.g. PPO) module on a one-layer tiny Llama with exact-match reward."""
+def tiny_module(module_cls: type[CausalLMModule] = GRPOModule, **overrides: Any) -> CausalLMModule:
+    """A GRPO (or PPO) module on a one-layer tiny Llama with exact-match reward."""
     kwargs = dict(
         policy=TinyCausalLM(hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64),
         reward=ExactMatchReward(),
@@ -83,7 +84,7 @@ def fit_tiny(
     strategy: AsyncRolloutStrategy,
     sync_every: int = 1,
     extra_callbacks: list | None = None,
-    module: GRPOModule | None = None,
+    module: CausalLMModule | None = None,
     eval_every: int | None = None,
     batch_size: int = 4,
 ):

@@ -1,4 +1,4 @@
-"""Integration fixtures: one real local Ray per session, tiny real models, real TensorBoard files."""
+"""Fixtures for every test folder: one real local Ray per session (started on first use)."""
 
 from __future__ import annotations
 

@@ -1,0 +1,79 @@
+"""The serving engines' configuration and glue, where vLLM and SGLang are absent: they import without
+their backend, name the extra to install, reject bad values, and bucket and pack weights correctly."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from unirl_lightning.engines.vllm import VLLMEngineConfig
+from unirl_lightning.engines.vllm_worker import pack_bucket, unpack_bucket
+from unirl_lightning.lora import LoraSpec
+from unirl_lightning.models import TinyCausalLM
+from unirl_lightning.weight_sync.buckets import weight_buckets
+
+
+def test_module_imports_without_vllm():
+    code = "import sys; sys.modules['vllm'] = None; import unirl_lightning.engines.vllm as m; print(m.VLLMEngineConfig())"
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+
+
+def test_build_without_vllm_names_the_extra(monkeypatch):
+    monkeypatch.setitem(sys.modules, "vllm", None)  # what `import vllm` sees where it is not installed
+    with pytest.raises(ImportError, match=r"pip install 'unirl-lightning\[vllm\]'"):
+        VLLMEngineConfig().build(TinyCausalLM(hidden_size=64, num_heads=2))
+
+
+def test_lora_rank_vllm_does_not_allow_is_rejected_on_the_driver():
+    with pytest.raises(ValueError, match=r"lora.rank must be in \[1, 512\] for vLLM.*got 1024"):
+        VLLMEngineConfig().validate(TinyCausalLM(), LoraSpec(rank=1024, alpha=16.0))
+    VLLMEngineConfig().validate(TinyCausalLM(), LoraSpec(rank=8))
+
+
+def test_bad_weight_update_and_sleep_level_are_rejected():
+    with pytest.raises(
+        ValueError, match=r"weight_update must be one of \('auto', 'reload', 'load_weights'\), got 'nccl'"
+    ):
+        VLLMEngineConfig(weight_update="nccl")
+    with pytest.raises(ValueError, match=r"sleep_level must be one of \(1, 2\), got 3"):
+        VLLMEngineConfig(sleep_level=3)
+
+
+def test_buckets_never_split_a_layer_and_keep_every_tensor_once():
+    model, _ = TinyCausalLM(num_layers=3).build()
+    tensors = list(model.state_dict().items())
+    layer_bytes = sum(t.numel() * t.element_size() for n, t in tensors if n.startswith("model.layers.0."))
+    buckets = list(weight_buckets(tensors, bucket_bytes=layer_bytes, whole_layers=True))
+    assert [n for b in buckets for n, _ in b] == [n for n, _ in tensors]
+    for bucket in buckets:
+        layers = {n.split(".")[2] for n, _ in bucket if n.startswith("model.layers.")}
+        assert len(layers) <= 1, f"a bucket mixes layers {layers} beyond the size limit"
+    assert len(list(weight_buckets(tensors, bucket_bytes=1 << 40, whole_layers=True))) == 1
+
+
+def test_flat_buckets_hold_one_dtype_and_respect_the_size():
+    tensors = [
+        ("a", torch.zeros(4)),
+        ("b", torch.zeros(4)),
+        ("c", torch.zeros(4).double()),
+        ("d", torch.zeros(8)),
+    ]
+    buckets = [[n for n, _ in b] for b in weight_buckets(tensors, bucket_bytes=32)]
+    assert buckets == [["a", "b"], ["c"], ["d"]]
+
+
+def test_packed_bucket_round_trips_every_dtype():
+    bucket = [
+        ("a", torch.randn(3, 4)),
+        ("b", torch.randn(5).to(torch.bfloat16)),
+        ("c", torch.randn(2, 2).half()),
+        ("d", torch.tensor(1.5)),
+    ]
+    restored = unpack_bucket(pack_bucket(bucket))
+    assert [n for n, _ in restored] == ["a", "b", "c", "d"]
+    for (_, original), (_, copy) in zip(bucket, restored):
+        assert copy.dtype == original.dtype and torch.equal(copy, original)
