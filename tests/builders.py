@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from lightning.pytorch import Callback, Trainer, seed_everything
+from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.loggers import TensorBoardLogger
 
 from unirl_lightning.callbacks import RolloutEvalCallback, WeightSyncCallback, WeightVersionLogger
@@ -43,7 +44,7 @@ def make_trainer(tmp_path, strategy, max_steps: int, callbacks: list) -> Trainer
         max_steps=max_steps,
         callbacks=callbacks,
         logger=TensorBoardLogger(str(tmp_path), name="run"),
-        enable_checkpointing=False,
+        enable_checkpointing=any(isinstance(c, ModelCheckpoint) for c in callbacks),
         enable_progress_bar=False,
         enable_model_summary=False,
         limit_val_batches=0,

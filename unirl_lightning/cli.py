@@ -3,23 +3,44 @@
 ``unirl-lightning fit --config examples/grpo_tiny.yaml`` builds the trainer (strategy, callbacks,
 logger), the module and the datamodule from YAML through ``class_path``/``init_args``; every knob
 is an ``__init__`` argument with a type hint, so ``--print_config`` shows them all and an unknown
-key or a wrong type fails at parse time naming the key. Combinations that cannot work (e.g.
-colocated placement with async settings) are rejected before anything is instantiated.
+key, a wrong type or a value outside a ``Literal`` fails at parse time naming the key. After
+parsing and before anything is built (no model, no Ray), the CLI also:
+
+* rejects combinations that cannot work (e.g. colocated placement with async settings);
+* imports every reward given as an import path, so a typo fails naming the key;
+* resolves ``--ckpt_path last`` to the newest ``last*.ckpt`` of the run being resumed (under the
+  logger's ``save_dir/name/*/checkpoints`` and every ``ModelCheckpoint`` ``dirpath``) and keeps
+  logging into that run's folder; with none there it stops with an error instead of starting over;
+* gives the trainer the RL progress bar.
+
+Errors exit with code 2 and a parser message. The console script keeps Ray's token authentication
+on without its start-up warning (``RAY_AUTH_MODE=token`` unless set), and exits 143 on SIGTERM.
 """
 
 from __future__ import annotations
 
-import importlib
-import importlib.util
-import inspect
-from typing import Any
+import os
 
-from jsonargparse import Namespace
-from lightning.pytorch import LightningDataModule
-from lightning.pytorch.callbacks import ProgressBar
-from lightning.pytorch.cli import LightningCLI
+if not os.environ.get("RAY_ADDRESS"):  # before anything imports ray: it reads the mode at import
+    os.environ.setdefault("RAY_AUTH_MODE", "token")
 
-from unirl_lightning.modules.base import RLModule
+import importlib  # noqa: E402
+import importlib.util  # noqa: E402
+import inspect  # noqa: E402
+import logging  # noqa: E402
+import sys  # noqa: E402
+import warnings  # noqa: E402
+from pathlib import Path  # noqa: E402
+from typing import Any  # noqa: E402
+
+from jsonargparse import Namespace  # noqa: E402
+from lightning.pytorch import LightningDataModule  # noqa: E402
+from lightning.pytorch.callbacks import ModelCheckpoint, ProgressBar  # noqa: E402
+from lightning.pytorch.cli import LightningCLI  # noqa: E402
+from lightning.pytorch.utilities.exceptions import SIGTERMException  # noqa: E402
+
+from unirl_lightning.modules.base import RLModule  # noqa: E402
+from unirl_lightning.rewards import import_callable  # noqa: E402
 
 
 def _strategy_settings(trainer: Any) -> dict[str, Any] | None:
@@ -40,6 +61,77 @@ def _strategy_settings(trainer: Any) -> dict[str, Any] | None:
     return {
         key: given.get(key, defaults[key].default) for key in ("placement", "max_staleness", "max_inflight")
     }
+
+
+def _import_class(class_path: str) -> Any:
+    module, _, name = class_path.rpartition(".")
+    return getattr(importlib.import_module(module), name)
+
+
+def _nodes(node: Any, key: str):
+    """Every (key, value) below ``node``, with dotted keys (lists as ``key.0``)."""
+    yield key, node
+    if isinstance(node, Namespace):
+        for child, value in vars(node).items():
+            yield from _nodes(value, f"{key}.{child}" if key else child)
+    elif isinstance(node, list):
+        for index, value in enumerate(node):
+            yield from _nodes(value, f"{key}.{index}")
+
+
+def check_reward_paths(config: Any) -> None:
+    """Import every reward function given as an import path in the model section (``reward: pkg.mod:f``,
+    ``CallableReward(fn=...)``, ``CombinedReward(rewards=[...])``); raise ``ValueError`` naming the key."""
+    model = config.get("model") if hasattr(config, "get") else None
+    for key, value in _nodes(model, "model"):
+        parts = key.split(".")
+        is_path = parts[-1] in ("reward", "fn") or (len(parts) > 1 and parts[-2] == "rewards")
+        if not (is_path and isinstance(value, str)):
+            continue
+        try:
+            target = import_callable(value)
+        except (ImportError, ValueError, TypeError) as exc:
+            raise ValueError(f"{key}: cannot import {value!r}: {exc}") from None
+        if isinstance(target, type):
+            raise ValueError(
+                f"{key}: {value!r} is a class; give a function path 'pkg.mod:func', or the reward class as "
+                f"class_path (with init_args)"
+            )
+
+
+def resolve_last_checkpoint(config: Any) -> None:
+    """``ckpt_path: last`` -> the newest ``last*.ckpt`` of this run, and the logger continues in that
+    run's folder; ``FileNotFoundError`` naming where it looked when there is none."""
+    if config.get("ckpt_path") != "last":
+        return
+    trainer = config.get("trainer")
+    folders: list[tuple[Path, str | None]] = []  # (checkpoint folder, logger version it belongs to)
+    for callback in trainer.get("callbacks") or []:
+        class_path = callback.get("class_path", "")
+        dirpath = callback.get("init_args", Namespace()).get("dirpath")
+        if class_path and issubclass(_import_class(class_path), ModelCheckpoint) and dirpath:
+            folders.append((Path(dirpath), None))
+    logger = trainer.get("logger")
+    root: Path | None = None
+    if logger is None or logger is True:  # Lightning's default logger
+        root = Path(trainer.get("default_root_dir") or os.getcwd()) / "lightning_logs"
+    elif isinstance(logger, Namespace):
+        args = logger.get("init_args", Namespace())
+        save_dir = args.get("save_dir") or trainer.get("default_root_dir") or os.getcwd()
+        root = Path(save_dir) / str(args.get("name") or "")
+    if root is not None:
+        folders += [(d, d.parent.name) for d in root.glob("*/checkpoints")]
+    found = [(path, version) for folder, version in folders for path in folder.glob("last*.ckpt")]
+    if not found:
+        looked = [str(folder) for folder, _ in folders] or [str(root)]
+        raise FileNotFoundError(
+            f"ckpt_path: 'last' was given but there is no last*.ckpt in {looked}; omit --ckpt_path to start a new "
+            "run, or give the checkpoint's path"
+        )
+    path, version = max(found, key=lambda item: item[0].stat().st_mtime)
+    config["ckpt_path"] = str(path)
+    if version is not None and isinstance(logger, Namespace) and logger.init_args.get("version") is None:
+        logger.init_args["version"] = version  # log and checkpoint on in the resumed run's folder
 
 
 def check_combinations(config: Any) -> None:
@@ -89,7 +181,12 @@ class UniRLCLI(LightningCLI):
     def before_instantiate_classes(self) -> None:
         subcommand = self.config.get("subcommand")
         config = self.config.get(subcommand) if subcommand else self.config
-        check_combinations(config)
+        try:
+            check_combinations(config)
+            check_reward_paths(config)
+            resolve_last_checkpoint(config)
+        except (ValueError, FileNotFoundError) as exc:
+            self.parser.error(str(exc))  # exit code 2 with the message, before anything is built
         add_rl_progress_bar(config)
 
 
@@ -97,12 +194,32 @@ def run_cli(args: list[str] | None = None, **kwargs: Any) -> UniRLCLI:
     """Build and run the CLI; returns it (its ``trainer``, ``model``, ``datamodule``)."""
     import unirl_lightning.strategy  # noqa: F401  registers "async_rollout" with Lightning
 
+    quiet_lightning_notices()
     return UniRLCLI(args=args, **kwargs)  # None: LightningCLI reads sys.argv itself
+
+
+class _DropLightningTip(logging.Filter):
+    """Lightning's advertisement for its cloud logger (printed on every run without one)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "litlogger" not in record.getMessage()
+
+
+def quiet_lightning_notices() -> None:
+    """Drop, by their exact text, three notices Lightning prints on every RL run that are not about the
+    run: its cloud-logger advertisement, a torch deprecation inside Lightning's own code, and the
+    manual-optimization note of ``ModelCheckpoint`` (we checkpoint after the step on purpose)."""
+    logging.getLogger("lightning.pytorch.utilities.rank_zero").addFilter(_DropLightningTip())
+    warnings.filterwarnings("ignore", message=r"`isinstance\(treespec, LeafSpec\)` is deprecated")
+    warnings.filterwarnings("ignore", message="Using ModelCheckpoint with manual optimization")
 
 
 def main(args: list[str] | None = None) -> None:
     """The ``unirl-lightning`` console script."""
-    run_cli(args)
+    try:
+        run_cli(args)
+    except SIGTERMException:  # Lightning ends a SIGTERMed run with SystemExit(0): say it was killed
+        sys.exit(143)
 
 
 if __name__ == "__main__":

@@ -34,7 +34,7 @@ import torch
 from jsonargparse.typing import NonNegativeInt, PositiveInt
 from lightning.pytorch.strategies import SingleDeviceStrategy, StrategyRegistry
 
-from unirl_lightning.checks import require_at_least, require_choice
+from unirl_lightning.checks import require_at_least, require_choice, require_positive
 from unirl_lightning.engines import EngineConfig, EngineName, check_engine_name, resolve_engine
 from unirl_lightning.rollout.controller import BatchRolloutController
 from unirl_lightning.rollout.loop import PendingBatch, RolloutLoop
@@ -81,6 +81,11 @@ class AsyncRolloutStrategy(SingleDeviceStrategy):
         seed: base seed of the rollout requests (request ``g`` samples with ``seed + g``).
         trainer_threads: torch threads of the training process on CPU. None = the cores the local
             workers leave free (at least 1), so trainer and generators do not fight over cores.
+        generation_timeout_s: how long a worker may take for one request of up to 1024 samples
+            (proportionally longer for larger ones) before it counts as hung and is replaced.
+        max_worker_restarts: dead or hung workers replaced over the run (a new actor gets the
+            current weights and the lost requests are relaunched with their gen_id and stamp);
+            past that the run fails naming the worker, the gen_id and the wait.
 
     Example::
 
@@ -104,6 +109,8 @@ class AsyncRolloutStrategy(SingleDeviceStrategy):
         device: str = "auto",
         seed: int = 0,
         trainer_threads: PositiveInt | None = None,
+        generation_timeout_s: float = 600.0,
+        max_worker_restarts: NonNegativeInt = 3,
     ) -> None:
         check_rollout_settings(placement, max_staleness, max_inflight)
         if isinstance(engine, str):
@@ -124,6 +131,8 @@ class AsyncRolloutStrategy(SingleDeviceStrategy):
         self.weight_sync: WeightSync = resolve_weight_sync(weight_sync)
         self.seed = seed
         self.trainer_threads = trainer_threads
+        self.generation_timeout_s = require_positive("generation_timeout_s", generation_timeout_s)
+        self.max_worker_restarts = int(max_worker_restarts)
         self.sync_interval: int | None = None  # handed over by WeightSyncCallback.setup
         self.workers: Any = None
         self.controller: BatchRolloutController | None = None
@@ -163,7 +172,10 @@ class AsyncRolloutStrategy(SingleDeviceStrategy):
             num_workers=self.num_workers,
             num_cpus_per_worker=self.num_cpus_per_worker,
             num_gpus_per_worker=self.num_gpus_per_worker,
+            generation_timeout_s=self.generation_timeout_s,
+            max_restarts=self.max_worker_restarts,
         )
+        self.workers.on_restart = self._push_to_replacement
         state = self._loop_state or {}
         self.controller = BatchRolloutController(
             self.workers.generate,
@@ -173,6 +185,13 @@ class AsyncRolloutStrategy(SingleDeviceStrategy):
         )
         # the workers start from the trainer's weights, at the current version (no bump)
         self.weight_sync.push(module.policy, self.workers, self.controller.weight_version)
+
+    def _push_to_replacement(self, index: int) -> None:
+        """A replaced worker starts from the trainer's current weights, labelled with the current
+        version: no sync has happened since its lost requests were launched, so their stamp stays
+        an upper bound on their staleness (the weights may be fresher in async runs, never older)."""
+        subset = self.workers.subset([index])
+        self.weight_sync.push(self.lightning_module.policy, subset, self.controller.weight_version)
 
     def _complete(self, gen_id: int, weight_version: int, result: Any) -> list[Any]:
         return self.loop.complete(gen_id, weight_version, result)
@@ -206,6 +225,7 @@ class AsyncRolloutStrategy(SingleDeviceStrategy):
             max_inflight=self.max_inflight,
             sync_interval=self.sync_interval,
             order=spec.order,
+            extra_stats=lambda: {"rollout/worker_restarts": float(self.workers.restarts)},
         )
         if self._loop_state is not None:
             self.loop.load_state_dict(self._loop_state)
@@ -235,6 +255,7 @@ class AsyncRolloutStrategy(SingleDeviceStrategy):
         stats: dict[str, Any] = {}
 
         def push(new_version: int) -> None:
+            self.workers.ensure_alive(min(30.0, self.generation_timeout_s))  # nothing is in flight now
             if self.placement == "colocate":  # wake for the push and the next generation
                 self.workers.call("wake")
             result = self.weight_sync.push(self.lightning_module.policy, self.workers, new_version)
@@ -283,8 +304,17 @@ class AsyncRolloutStrategy(SingleDeviceStrategy):
             )
 
     def save_checkpoint(self, checkpoint: dict[str, Any], filepath: Any, storage_options: Any = None) -> None:
+        """Lightning's save plus the rollout state; a local file is written next to its final name
+        and renamed into place, so a crash while saving never leaves a half-written checkpoint."""
         checkpoint[CHECKPOINT_KEY] = self.rollout_state_dict()
-        super().save_checkpoint(checkpoint, filepath, storage_options)
+        path = os.fspath(filepath)
+        if "://" in path:  # a remote filesystem: Lightning's own transaction
+            super().save_checkpoint(checkpoint, filepath, storage_options)
+            return
+        partial = f"{path}.partial"
+        super().save_checkpoint(checkpoint, partial, storage_options)
+        if self.is_global_zero:
+            os.replace(partial, path)
 
     def load_checkpoint(self, checkpoint_path: Any, weights_only: bool | None = None) -> dict[str, Any]:
         checkpoint = super().load_checkpoint(checkpoint_path, weights_only)

@@ -59,15 +59,51 @@ def test_max_inflight_zero_fails_at_parse_time_naming_the_key(tmp_path, capsys):
     assert "max_inflight" in err
 
 
-def test_colocate_with_async_settings_is_rejected_before_instantiation(tmp_path):
+def test_colocate_with_async_settings_is_rejected_before_instantiation(tmp_path, capsys):
     path = write_recipe(
         tmp_path, lambda c: c["trainer"]["strategy"]["init_args"].update(placement="colocate")
     )
-    with pytest.raises(
-        ValueError,
-        match=r"trainer.strategy.init_args: placement='colocate'.*needs max_staleness=0 and max_inflight=1",
-    ):
-        run_cli(["--config", str(path)], run=False)
+    err = parse_error(capsys, path)
+    assert "trainer.strategy.init_args: placement='colocate'" in err
+    assert "needs max_staleness=0 and max_inflight=1" in err
+
+
+class WrongCount:  # importable, but a class: not a reward function
+    pass
+
+
+@pytest.mark.parametrize(
+    ("reward", "message"),
+    [
+        ("nope", "model.init_args.reward: cannot import 'nope'"),
+        ("no_such_module_xyz:f", "model.init_args.reward: cannot import 'no_such_module_xyz:f'"),
+        (
+            "tests.integration.test_cli:WrongCount",
+            "model.init_args.reward: 'tests.integration.test_cli:WrongCount' is a class",
+        ),
+    ],
+)
+def test_a_reward_path_that_does_not_import_fails_at_parse_time_naming_the_key(
+    tmp_path, capsys, reward, message
+):
+    path = write_recipe(tmp_path, lambda c: c["model"]["init_args"].update(reward=reward))
+    assert message in parse_error(capsys, path)
+
+
+def test_a_bad_choice_fails_at_parse_time_naming_the_key_whatever_the_other_settings(tmp_path, capsys):
+    path = write_recipe(tmp_path, lambda c: c["model"]["init_args"].update(kl_estimator="k9", kl_coef=0.0))
+    err = parse_error(capsys, path)
+    assert 'Parser key "kl_estimator"' in err and "k9" in err
+
+
+def test_ckpt_path_last_without_a_checkpoint_fails_naming_where_it_looked(tmp_path, capsys):
+    args = ["fit", "--config", str(RECIPE), f"--trainer.logger.init_args.save_dir={tmp_path / 'runs'}"]
+    with pytest.raises(SystemExit) as exc:
+        run_cli([*args, "--ckpt_path=last"])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert "ckpt_path: 'last' was given but there is no last*.ckpt in" in err
+    assert str(tmp_path / "runs" / "grpo_tiny") in err
 
 
 def test_strategy_is_registered_by_name():

@@ -31,6 +31,19 @@ REQUIRED_TAGS = [
     "eval/reward_mean",
     "eval/accuracy",
     "eval/weight_version",
+    # what a user expects besides: learning rate, gradient norm, throughput, reward spread, entropy,
+    # lengths and truncation, worker restarts
+    "train/lr",
+    "train/grad_norm",
+    "train/entropy",
+    "perf/samples_per_s",
+    "perf/tokens_per_s",
+    "perf/score_time_s",
+    "rollout/reward_std",
+    "rollout/zero_variance_groups",
+    "rollout/completion_len_max",
+    "rollout/truncated_fraction",
+    "rollout/worker_restarts",
 ]
 
 

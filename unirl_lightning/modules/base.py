@@ -28,6 +28,7 @@ from lightning.pytorch import LightningModule
 from lightning.pytorch.callbacks import Callback, RichProgressBar, TQDMProgressBar
 
 from unirl_lightning.callbacks import (
+    CheckpointOnExit,
     RLProgressBar,
     RLRichProgressBar,
     WeightSyncCallback,
@@ -84,7 +85,7 @@ class RLModule(LightningModule):
 
     def default_callbacks(self) -> list[Callback]:
         """The callbacks this module runs with unless the trainer has one of the same type."""
-        return [WeightSyncCallback(), WeightVersionLogger()]
+        return [WeightSyncCallback(), WeightVersionLogger(), CheckpointOnExit()]
 
     optimizer_steps_per_batch: int = 1
     """Optimizer steps per RL step (``trainer.max_steps`` counts optimizer steps)."""
@@ -146,6 +147,8 @@ class PolicyGradientModule(RLModule):
         self.optimizer_steps_per_batch = ppo_epochs * mini_batches
         self.lora: Any = None
         self.ref_policy: torch.nn.Module | None = None
+        self.first_minibatch = True
+        self._last_step_end: float | None = None
 
     # -- what a subclass supplies ---------------------------------------------------------------
     def prepare_batch(self, batch: Any) -> dict[str, Any]:  # pragma: no cover - abstract
@@ -193,6 +196,7 @@ class PolicyGradientModule(RLModule):
         for _epoch in range(self.ppo_epochs):
             for mb in rows.chunk(self.mini_batches):
                 optimizer.zero_grad()
+                self.first_minibatch = not first  # only its metrics are logged: costly ones only then
                 metrics = self.backward_minibatch(batch.select(mb), select_rows(context, mb))
                 if not first:
                     grads = [p.grad for p in self.parameters() if p.grad is not None]
@@ -208,16 +212,23 @@ class PolicyGradientModule(RLModule):
         start = time.perf_counter()
         context = self.prepare_batch(batch)
         first = self.update(batch, context)
-        train_s = time.perf_counter() - start
+        end = time.perf_counter()
         n = batch.num_rows
+        throughput = {}
+        if self._last_step_end is not None:  # end to end: generation waits, training and sync included
+            wall_s = end - self._last_step_end
+            throughput["perf/samples_per_s"] = n / wall_s
+            if "rollout/completion_tokens" in batch.stats:
+                throughput["perf/tokens_per_s"] = batch.stats["rollout/completion_tokens"] / wall_s
+        self._last_step_end = end
         self.log("rollout/reward_mean", batch.stats["rollout/reward_mean"], prog_bar=True, batch_size=n)
         self.log_dict({k: v for k, v in batch.stats.items() if k != "rollout/reward_mean"}, batch_size=n)
         self.log_dict({f"train/{k}": v for k, v in first.items()}, batch_size=n)
         self.log_dict(
             {
                 "train/lr": self.optimizers().param_groups[0]["lr"],
-                "perf/train_time_s": train_s,
-                "perf/samples_per_s": n / train_s,
+                "perf/train_time_s": end - start,
+                **throughput,
             },
             batch_size=n,
         )

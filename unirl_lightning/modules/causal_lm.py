@@ -24,6 +24,7 @@ import torch
 
 from unirl_lightning.algorithms import (
     LossAggregation,
+    entropy_from_logits,
     kl_penalty,
     masked_mean,
     ppo_clip_loss,
@@ -126,10 +127,17 @@ class CausalLMModule(PolicyGradientModule):
         return SamplingParams(temperature=temperature, max_new_tokens=self.sampling.max_new_tokens)
 
     # -- log-probs ------------------------------------------------------------------------------
-    def sequence_logprobs(self, model: torch.nn.Module, batch: ExperienceBatch) -> torch.Tensor:
-        """Log-prob of every next token, ``[N, L-1]``, at the sampling temperature."""
-        logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits
-        return token_logprobs(logits[:, :-1], batch.input_ids[:, 1:], self.sampling.temperature)
+    def sequence_logprobs(
+        self, model: torch.nn.Module, batch: ExperienceBatch, entropy: bool = False
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        """Log-prob of every next token, ``[N, L-1]``, at the sampling temperature (with
+        ``entropy=True`` also the policy's entropy at every position, detached)."""
+        logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits[:, :-1]
+        logp = token_logprobs(logits, batch.input_ids[:, 1:], self.sampling.temperature)
+        if not entropy:
+            return logp
+        with torch.no_grad():
+            return logp, entropy_from_logits(logits, self.sampling.temperature)
 
     @torch.no_grad()
     def prepare_batch(self, batch: ExperienceBatch) -> dict[str, Any]:
@@ -154,7 +162,11 @@ class CausalLMModule(PolicyGradientModule):
         mask = minibatch.response_mask[:, 1:]
         rollout_logp = minibatch.rollout_logprobs[:, 1:]
         prox_logp, ref_logp = context["prox_logp"], context["ref_logp"]
-        logp = self.sequence_logprobs(self.policy, minibatch)
+        entropy = None
+        if self.first_minibatch:  # the logged mini-batch: the entropy too (a pass over the vocabulary)
+            logp, entropy = self.sequence_logprobs(self.policy, minibatch, entropy=True)
+        else:
+            logp = self.sequence_logprobs(self.policy, minibatch)
         old_logp = rollout_logp if prox_logp is None else prox_logp
         is_weights = None
         if self.tis_cap is not None:  # pi_trainer / pi_rollout, truncated (TIS)
@@ -174,6 +186,8 @@ class CausalLMModule(PolicyGradientModule):
             token_penalty=None if kl is None else self.kl_coef * kl,
         )
         metrics["logp_diff_abs"] = masked_mean((logp.detach() - rollout_logp).abs(), mask)
+        if entropy is not None:
+            metrics["entropy"] = masked_mean(entropy, mask)
         if kl is not None:
             metrics["kl"] = masked_mean(kl.detach(), mask)
         return loss, metrics

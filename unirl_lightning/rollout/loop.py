@@ -64,6 +64,7 @@ class RolloutLoop:
         build_request: ``build_request(records, gen_id) -> request`` (the module's sampling).
         max_staleness / max_inflight / sync_interval: the staleness contract (see the module docstring).
         order: ``"launch_first"`` (autoregressive) or ``"poll_first"`` (diffusion).
+        extra_stats: more per-step figures for the batch's ``stats`` (e.g. worker restarts).
     """
 
     def __init__(
@@ -78,6 +79,7 @@ class RolloutLoop:
         sync_interval: int,
         order: RolloutOrder = "launch_first",
         num_rollouts: int | None = None,
+        extra_stats: Callable[[], dict[str, float]] | None = None,
     ) -> None:
         self.prompts = prompts
         self.controller = controller
@@ -88,6 +90,7 @@ class RolloutLoop:
         self.sync_interval = sync_interval
         self.order = order
         self.num_rollouts = num_rollouts
+        self.extra_stats = extra_stats
         # position in the prompt stream and the requests launched but not yet trained
         self.steps = 0
         self.prompt_batches_used = 0
@@ -210,6 +213,7 @@ class RolloutLoop:
                 "perf/score_time_s": self.score_s,
                 "perf/wait_time_s": self.blocked_s,
                 "perf/overlap": overlap,
+                **(self.extra_stats() if self.extra_stats else {}),
             }
         )
         self.steps += 1

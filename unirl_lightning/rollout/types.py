@@ -182,6 +182,7 @@ class ExperienceBatch:
             group_size=group_size,
             stats={
                 "rollout/completion_len": sum(lengths) / num,
+                "rollout/completion_tokens": float(sum(lengths)),
                 "rollout/completion_len_max": float(max(lengths)),
                 "rollout/truncated_fraction": sum(r.finish_reason == "length" for r in rows) / num,
             },

@@ -8,22 +8,37 @@ from typing import Any
 import ray
 import torch
 
+from unirl_lightning.checks import require_positive
 from unirl_lightning.weight_sync.base import SyncStats, named_weights, tensor_bytes
 
 
 class ObjectStoreWeightSync:
     """Push through Ray's object store: simple, works across nodes, one copy per node.
 
+    Args:
+        timeout_s: how long every worker may take to load a push; then a ``TimeoutError`` names
+            the version.
+
     Example::
 
-        AsyncRolloutStrategy(weight_sync=ObjectStoreWeightSync())
+        AsyncRolloutStrategy(weight_sync=ObjectStoreWeightSync(timeout_s=300))
     """
+
+    def __init__(self, timeout_s: float = 600.0) -> None:
+        self.timeout_s = require_positive("timeout_s", timeout_s)
 
     def push(self, model: torch.nn.Module, workers: Any, weight_version: int) -> SyncStats:
         start = time.perf_counter()
         tensors = {k: v.to("cpu", copy=True) for k, v in named_weights(model).items()}
         ref = ray.put(tensors)
-        ray.get([w.load_weights.remote(ref, weight_version) for w in workers.workers])
+        try:
+            ray.get(
+                [w.load_weights.remote(ref, weight_version) for w in workers.workers], timeout=self.timeout_s
+            )
+        except ray.exceptions.GetTimeoutError as exc:
+            raise TimeoutError(
+                f"rollout workers did not load weight_version {weight_version} within timeout_s={self.timeout_s} s"
+            ) from exc
         del ref
         return SyncStats(time.perf_counter() - start, tensor_bytes(tensors), len(tensors))
 

@@ -3,11 +3,22 @@
 Contract:
 
 * :func:`ensure_ray` joins the cluster named by ``RAY_ADDRESS`` or starts a local Ray on demand
-  (and only then owns it: :meth:`RolloutWorkerGroup.shutdown` stops what it started).
+  (and only then owns it: :func:`shutdown_ray_if_owned` stops it). A local Ray lives in a temp
+  folder of its own, removed at shutdown, and a watchdog process
+  (:mod:`unirl_lightning.ray_watchdog`) ends every process of it within a second or so of the
+  driver's death, SIGKILL included.
 * :meth:`RolloutWorkerGroup.generate` splits a request across the workers (groups never straddle
   workers) and returns a :class:`PendingCall` at once; the rollout controller polls it with
   ``ready()`` and reaps it with ``result()``. ``result()`` is retryable: a failure raises and the
-  call stays reapable.
+  call stays reapable. ``ready()`` never raises for a failure inside a worker (``result()`` does).
+* Generation has a deadline: each part of a call must answer within ``generation_timeout_s``
+  (scaled by the samples it asks for, :meth:`RolloutWorkerGroup.deadline_s`); a wait logs a line
+  every ``log_every_s`` while it lasts.
+* Worker faults: a worker that dies, or misses its deadline, is replaced (a new actor, then
+  ``on_restart(index)`` — the strategy pushes the current weights to it) and its part of every
+  call in flight is relaunched as it was (same records, seed and gen_id, so the same launch-time
+  version stamp), up to ``max_restarts`` times in all; past that the call fails with an error
+  naming the worker, the gen_id and how long it waited. ``restarts`` counts the replacements.
 * Rewards are scored inside the worker, right after generation, so scoring overlaps training too.
   A reward scores each sample's ``reward_input`` (the text of a token rollout, the image of a
   diffusion rollout).
@@ -22,17 +33,21 @@ from __future__ import annotations
 import atexit
 import logging
 import os
+import tempfile
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import ray
 
+from unirl_lightning.ray_watchdog import start_watchdog
 from unirl_lightning.rollout.types import Rollout, RolloutRequest
 
 log = logging.getLogger(__name__)
 
 _STARTED_BY_US = False
+_OWNED: dict[str, Any] = {}  # the local Ray's temp folder and watchdog, when this process started it
 
 
 def ensure_ray(num_cpus: int | None = None, object_store_memory: int | None = 512 * 1024**2) -> None:
@@ -44,6 +59,8 @@ def ensure_ray(num_cpus: int | None = None, object_store_memory: int | None = 51
     if address:
         ray.init(address=address, log_to_driver=True)
         return
+    # a short folder of its own (Ray's socket paths must stay under 108 bytes), removed at shutdown
+    temp_dir = tempfile.mkdtemp(prefix="ray-", dir="/tmp" if os.path.isdir("/tmp") else None)
     ray.init(
         num_cpus=num_cpus or max(2, os.cpu_count() or 1),
         object_store_memory=object_store_memory,
@@ -51,15 +68,23 @@ def ensure_ray(num_cpus: int | None = None, object_store_memory: int | None = 51
         log_to_driver=True,
         configure_logging=True,
         logging_level=logging.WARNING,
+        _temp_dir=temp_dir,
     )
     _STARTED_BY_US = True
+    _OWNED.update(temp_dir=temp_dir, watchdog=start_watchdog(temp_dir))
 
 
 def shutdown_ray_if_owned() -> None:
+    """Stop the local Ray this process started (if any) and remove its temp folder."""
     global _STARTED_BY_US
     if _STARTED_BY_US and ray.is_initialized():
         ray.shutdown()
     _STARTED_BY_US = False
+    watchdog = _OWNED.pop("watchdog", None)
+    if watchdog is not None:
+        watchdog.stdin.close()  # the watchdog finds nothing alive, removes the folder and exits
+        watchdog.wait(timeout=30)
+    _OWNED.pop("temp_dir", None)
 
 
 def _check_fits(num_workers: int, cpus: float, gpus: float, resources: dict[str, float]) -> None:
@@ -130,22 +155,100 @@ class RolloutWorker:
         self.engine.close()
 
 
-class PendingCall:
-    """Non-blocking handle on one request spread over several workers (``ready/wait/result``)."""
+@dataclass
+class _Part:
+    """One worker's share of a call: what it was asked, on which actor, since when, with what result."""
 
-    def __init__(self, refs: list[ray.ObjectRef], merge: Callable[[list[Any]], Any]) -> None:
-        self._refs = refs
-        self._merge = merge
+    index: int
+    request: RolloutRequest
+    actor: Any
+    ref: Any
+    started: float
+    done: bool = False
+
+
+class PendingCall:
+    """Non-blocking handle on one request spread over several workers (``ready/wait/result``).
+
+    Watches every part: a part whose worker died, or that is past its deadline, is relaunched on a
+    replacement worker (see the module docstring). A part that failed inside the worker (e.g. a
+    reward error) counts as done; ``result()`` raises that error, and raises it again if called
+    again (retryable).
+    """
+
+    def __init__(self, group: RolloutWorkerGroup, parts: list[tuple[int, RolloutRequest]]) -> None:
+        self._group = group
+        self._parts = [self._launch(index, request) for index, request in parts]
+        self._last_log = time.monotonic()
+
+    def _launch(self, index: int, request: RolloutRequest) -> _Part:
+        actor = self._group.workers[index]
+        return _Part(index, request, actor, actor.generate.remote(request), time.monotonic())
+
+    def _relaunch(self, part: _Part, why: str) -> None:
+        self._group.replace(part.index, part.actor, f"{why} (gen_id {part.request.gen_id})")
+        fresh = self._launch(part.index, part.request)
+        part.actor, part.ref, part.started = fresh.actor, fresh.ref, fresh.started
+
+    def _check(self, block_s: float) -> bool:
+        """Collect finished parts, replace dead or overdue workers; True once every part is done."""
+        waiting = [p for p in self._parts if not p.done]
+        if waiting:
+            finished, _ = ray.wait(
+                [p.ref for p in waiting], num_returns=1, timeout=block_s, fetch_local=False
+            )
+            finished = set(finished)
+            for part in waiting:
+                if part.ref in finished:
+                    self._settle(part)
+            now = time.monotonic()
+            for part in self._parts:
+                deadline = self._group.deadline_s(part.request)
+                if not part.done and now - part.started > deadline:
+                    self._relaunch(part, f"did not answer within {deadline:.0f} s")
+        return all(p.done for p in self._parts)
+
+    def _settle(self, part: _Part) -> None:
+        try:
+            ray.get(part.ref, timeout=0)
+        except ray.exceptions.RayActorError as exc:  # the worker process died
+            self._relaunch(part, f"died ({type(exc).__name__})")
+            return
+        except ray.exceptions.GetTimeoutError:  # finished but not yet readable: look again later
+            return
+        except Exception:  # noqa: BLE001 - a failure inside the worker: result() raises it
+            pass
+        part.done = True
 
     def ready(self) -> bool:
-        done, _ = ray.wait(self._refs, num_returns=len(self._refs), timeout=0, fetch_local=False)
-        return len(done) == len(self._refs)
+        return self._check(0)
+
+    def _block_s(self, at_most: float) -> float:
+        """How long to block before looking again: until the nearest deadline, at most ``at_most``."""
+        now = time.monotonic()
+        left = [p.started + self._group.deadline_s(p.request) - now for p in self._parts if not p.done]
+        return max(0.05, min([at_most, *left]))
 
     def wait(self) -> None:
-        ray.wait(self._refs, num_returns=len(self._refs), timeout=None)
+        """Block until every part is done (replacing workers as needed); logs while it lasts."""
+        every = self._group.log_every_s
+        while not self._check(self._block_s(every)):
+            now = time.monotonic()
+            if now - self._last_log >= every:
+                self._last_log = now
+                for part in self._parts:
+                    if not part.done:
+                        log.warning(
+                            "waiting %.0f s for rollout worker %d (gen_id %d; deadline %.0f s)",
+                            now - part.started,
+                            part.index,
+                            part.request.gen_id,
+                            self._group.deadline_s(part.request),
+                        )
 
-    def result(self) -> Any:
-        return self._merge(ray.get(self._refs))
+    def result(self) -> dict[str, Any]:
+        self.wait()
+        return _merge_generate(ray.get([p.ref for p in self._parts]))
 
 
 def _merge_generate(parts: list[dict[str, Any]]) -> dict[str, Any]:
@@ -161,6 +264,17 @@ def _merge_generate(parts: list[dict[str, Any]]) -> dict[str, Any]:
 
 class RolloutWorkerGroup:
     """``num_workers`` Ray actors, each running an engine built from ``engine_config``.
+
+    Args:
+        engine_config / policy / lora: what each worker serves (``engine_config.build(policy, lora)``).
+        reward: scores each sample in the worker.
+        num_workers / num_cpus_per_worker / num_gpus_per_worker / resources_per_worker / runtime_env:
+            the actors and their Ray resources.
+        start_timeout_s: how long the workers may take to start (model loading included).
+        generation_timeout_s: how long one worker may take for a request of up to 1024 samples (a
+            larger request gets proportionally longer); then it is replaced.
+        max_restarts: replacements of dead or hung workers allowed over the group's life.
+        log_every_s: a wait logs the workers it waits for at this interval.
 
     Example::
 
@@ -182,11 +296,14 @@ class RolloutWorkerGroup:
         resources_per_worker: dict[str, float] | None = None,
         runtime_env: dict[str, Any] | None = None,
         start_timeout_s: float = 600.0,
+        generation_timeout_s: float = 600.0,
+        max_restarts: int = 3,
+        log_every_s: float = 30.0,
     ) -> None:
         if num_workers < 1:
             raise ValueError(f"num_workers must be >= 1, got {num_workers}")
         ensure_ray()
-        actor_cls = ray.remote(RolloutWorker).options(
+        self._actor_cls = ray.remote(RolloutWorker).options(
             num_cpus=num_cpus_per_worker,
             num_gpus=num_gpus_per_worker,
             resources=resources_per_worker or {},
@@ -194,8 +311,15 @@ class RolloutWorkerGroup:
             max_concurrency=1,
         )
         _check_fits(num_workers, num_cpus_per_worker, num_gpus_per_worker, resources_per_worker or {})
-        self.workers = [actor_cls.remote(engine_config, policy, lora, reward, i) for i in range(num_workers)]
+        self._actor_args = (engine_config, policy, lora, reward)
+        self.workers = [self._new_actor(i) for i in range(num_workers)]
         self.num_workers = num_workers
+        self.start_timeout_s = start_timeout_s
+        self.generation_timeout_s = generation_timeout_s
+        self.max_restarts = max_restarts
+        self.log_every_s = log_every_s
+        self.restarts = 0
+        self.on_restart: Callable[[int], None] | None = None  # e.g. push the current weights to it
         atexit.register(self.shutdown)
         # surface construction errors (a bad engine config, a missing extra) here, not at first use
         try:
@@ -208,14 +332,71 @@ class RolloutWorkerGroup:
                 f"num_gpus={num_gpus_per_worker}): other actors may hold the resources"
             ) from exc
 
+    def _new_actor(self, index: int) -> Any:
+        return self._actor_cls.remote(*self._actor_args, index)
+
+    def deadline_s(self, request: RolloutRequest) -> float:
+        """How long a worker may take for ``request``: ``generation_timeout_s`` per 1024 samples."""
+        samples = len(request.records) * request.n
+        return self.generation_timeout_s * max(1.0, samples / 1024)
+
     def generate(self, request: RolloutRequest) -> PendingCall:
         parts = request.split(self.num_workers)
-        refs = [worker.generate.remote(part) for worker, part in zip(self.workers, parts)]
-        return PendingCall(refs, _merge_generate)
+        return PendingCall(self, list(enumerate(parts)))
 
-    def call(self, method: str, *args: Any, **kwargs: Any) -> list[Any]:
-        """Call ``method`` on every worker and wait for all answers."""
-        return ray.get([getattr(w, method).remote(*args, **kwargs) for w in self.workers])
+    def replace(self, index: int, actor: Any, why: str) -> None:
+        """Replace worker ``index`` because it ``why``; a no-op when ``actor`` was replaced already
+        (another call in flight saw the same fault first)."""
+        if self.workers[index] is not actor:
+            return
+        if self.restarts >= self.max_restarts:
+            raise RuntimeError(
+                f"rollout worker {index} {why}; no restart left (max_restarts={self.max_restarts}, "
+                f"{self.restarts} used): raise max_restarts, or generation_timeout_s if it is only slow"
+            )
+        log.warning(
+            "rollout worker %d %s: replacing it (restart %d of %d)",
+            index,
+            why,
+            self.restarts + 1,
+            self.max_restarts,
+        )
+        try:
+            ray.kill(actor, no_restart=True)
+        except Exception:  # noqa: BLE001 - already gone
+            pass
+        self.workers[index] = self._new_actor(index)
+        ray.get(self.workers[index].weight_version.remote(), timeout=self.start_timeout_s)
+        self.restarts += 1
+        if self.on_restart is not None:
+            self.on_restart(index)
+
+    def ensure_alive(self, timeout_s: float = 30.0) -> None:
+        """Replace every worker that is dead or does not answer a ping within ``timeout_s``. Call it
+        while nothing is in flight (an idle worker answers at once), e.g. before a weight push."""
+        actors = list(self.workers)
+        pings = [actor.weight_version.remote() for actor in actors]
+        ready, _ = ray.wait(pings, num_returns=len(pings), timeout=timeout_s)
+        for index, (actor, ping) in enumerate(zip(actors, pings)):
+            if ping not in ready:
+                self.replace(index, actor, f"did not answer a ping within {timeout_s:.0f} s")
+                continue
+            try:
+                ray.get(ping)
+            except ray.exceptions.RayActorError as exc:
+                self.replace(index, actor, f"died ({type(exc).__name__})")
+
+    def subset(self, indices: list[int]) -> WorkerSubset:
+        """A view of some workers, for a weight push to them alone (e.g. a replacement)."""
+        return WorkerSubset([self.workers[i] for i in indices])
+
+    def call(self, method: str, *args: Any, timeout_s: float | None = 600.0, **kwargs: Any) -> list[Any]:
+        """Call ``method`` on every worker and wait for all answers (at most ``timeout_s``)."""
+        refs = [getattr(w, method).remote(*args, **kwargs) for w in self.workers]
+        try:
+            return ray.get(refs, timeout=timeout_s)
+        except ray.exceptions.GetTimeoutError as exc:
+            raise TimeoutError(f"rollout workers did not answer {method}() within {timeout_s} s") from exc
 
     def shutdown(self) -> None:
         """Close every engine (best effort, a few seconds), then kill the actors."""
@@ -231,3 +412,10 @@ class RolloutWorkerGroup:
             except Exception:  # noqa: BLE001 - best effort at teardown
                 pass
         self.workers = []
+
+
+@dataclass
+class WorkerSubset:
+    """Some workers of a group, shaped like the group for a weight-sync backend (``.workers``)."""
+
+    workers: list[Any]
