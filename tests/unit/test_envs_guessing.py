@@ -12,7 +12,12 @@ from unirl_lightning.models import CHAR_VOCAB
 
 
 def game(secret: int, low: int = 0, high: int = 9, syntax: str = "compact") -> dict:
-    return {"prompt": guessing_prompt(low, high, syntax), "secret": secret, "low": low, "high": high}
+    return {
+        "prompt": guessing_prompt(low, high, syntax, state_range=False),
+        "secret": secret,
+        "low": low,
+        "high": high,
+    }
 
 
 class Bisection:
@@ -200,33 +205,59 @@ def test_guessing_records_are_deterministic_per_seed_and_differ_across_seeds():
     assert guessing_records(30, seed=1) != guessing_records(30, seed=2)
 
 
-def test_guessing_records_hold_out_every_fifth_secret_and_never_draw_it_for_training():
-    train = {r["secret"] for seed in range(5) for r in guessing_records(200, seed=seed)}
-    heldout = {r["secret"] for seed in range(5) for r in guessing_records(50, seed=seed, split="heldout")}
-    assert heldout == {4, 9} and train == {0, 1, 2, 3, 5, 6, 7, 8}
+def test_fixed_range_records_draw_every_secret_with_the_same_prompt_and_refuse_a_heldout_split():
+    records = guessing_records(200, seed=0)
+    assert {r["secret"] for r in records} == set(range(10))
+    assert {(r["prompt"], r["low"], r["high"]) for r in records} == {("?", 0, 9)}
+    with pytest.raises(
+        ValueError, match="split='heldout' needs vary_range=True: with one fixed range every prompt"
+    ):
+        guessing_records(1, split="heldout")
 
 
-def test_guessing_records_on_a_wide_range_keep_the_splits_disjoint_and_in_range():
-    train = guessing_records(500, seed=0, low=1, high=100, syntax="words")
-    heldout = guessing_records(100, seed=0, split="heldout", low=1, high=100, syntax="words")
-    assert all(1 <= r["secret"] <= 100 for r in train + heldout)
-    assert not {r["secret"] for r in train} & {r["secret"] for r in heldout}
-    assert train[0]["prompt"] == guessing_prompt(1, 100, "words") and train[0]["answer"] == str(
-        train[0]["secret"]
-    )
+def test_varied_range_records_never_share_a_prompt_or_range_between_train_and_heldout():
+    train = [r for seed in range(5) for r in guessing_records(300, seed=seed, vary_range=True)]
+    heldout = [
+        r for seed in range(5) for r in guessing_records(100, seed=seed, split="heldout", vary_range=True)
+    ]
+    assert heldout and not {r["prompt"] for r in train} & {r["prompt"] for r in heldout}
+    assert not {(r["low"], r["high"]) for r in train} & {(r["low"], r["high"]) for r in heldout}
+    for record in train + heldout:
+        assert 0 <= record["low"] <= record["secret"] <= record["high"] <= 9
+        assert record["high"] - record["low"] >= 1  # min_size=2
+        assert record["prompt"] == f"{record['low']},{record['high']}?"
+
+
+def test_varied_range_words_records_state_the_range_and_keep_the_splits_disjoint():
+    train = guessing_records(300, seed=0, low=1, high=100, syntax="words", vary_range=True, min_size=10)
+    heldout = guessing_records(100, seed=0, split="heldout", low=1, high=100, syntax="words", vary_range=True)
+    assert not {r["prompt"] for r in train} & {r["prompt"] for r in heldout}
+    assert all(r["high"] - r["low"] >= 9 for r in train)
+    assert train[0]["prompt"] == guessing_prompt(train[0]["low"], train[0]["high"], "words")
+    assert train[0]["answer"] == str(train[0]["secret"])
 
 
 def test_generated_records_play_in_the_environment():
-    for record in guessing_records(10, seed=0) + guessing_records(10, seed=0, split="heldout"):
-        assert run_episode(GuessingGameEnv(), record, Bisection()).total_reward >= 0.7
+    varied = guessing_records(10, seed=0, vary_range=True) + guessing_records(
+        10, seed=0, split="heldout", vary_range=True
+    )
+    for record in guessing_records(10, seed=0) + varied:
+        player = Bisection(record["low"], record["high"])
+        assert run_episode(GuessingGameEnv(), record, player).total_reward >= 0.7
 
 
 @pytest.mark.parametrize(
     "kwargs, message",
     [
         ({"split": "val"}, "split='val' is invalid"),
-        ({"heldout_every": 1}, "heldout_every=1 is invalid; expected an int >= 2"),
-        ({"low": 0, "high": 2}, "the held-out split would be empty"),
+        ({"vary_range": True, "heldout_percent": 0}, "heldout_percent=0 is invalid"),
+        ({"vary_range": True, "min_size": 11}, "needs 1 <= min_size <= high - low \\+ 1 <= 200"),
+        ({"vary_range": True, "high": 500}, "needs 1 <= min_size <= high - low \\+ 1 <= 200"),
+        (
+            {"vary_range": True, "low": 0, "high": 1},
+            "no sub-range of \\[0, 1\\] with min_size=2 falls in split .train.",
+        ),
+        ({"low": 5, "high": 4}, "low=5, high=4 is an empty range"),
         ({"num_prompts": -1}, "num_prompts=-1 is invalid"),
     ],
 )

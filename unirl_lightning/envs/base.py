@@ -63,6 +63,7 @@ This module imports only the standard library.
 
 from __future__ import annotations
 
+import hashlib
 import math
 import random
 import traceback
@@ -79,6 +80,7 @@ __all__ = [
     "Split",
     "StepResult",
     "check_split",
+    "in_heldout",
     "run_episode",
     "safe_reset",
     "safe_step",
@@ -122,6 +124,16 @@ def check_split(split: Any) -> None:
     """Raise ``ValueError`` unless ``split`` is ``"train"`` or ``"heldout"``."""
     if split not in _SPLITS:
         raise ValueError(f"split={split!r} is invalid; expected one of {_SPLITS}.")
+
+
+def in_heldout(key: str, heldout_percent: int) -> bool:
+    """Whether the problem named ``key`` belongs to the held-out split (``heldout_percent`` percent of keys).
+
+    Decided by the problem alone, stable across processes and Python versions (sha256, not the
+    salted ``hash``), so no seed can put a problem in both splits.
+    """
+    bucket = int.from_bytes(hashlib.sha256(key.encode()).digest()[:8], "big") % 100
+    return bucket < heldout_percent
 
 
 def record_preview(record: Any, limit: int = _RECORD_PREVIEW_CHARS) -> str:

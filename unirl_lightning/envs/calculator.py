@@ -18,7 +18,8 @@ Syntax (``syntax="compact"``, for the tiny character-level model; the initial ob
     * final answer: a turn that is just a number, e.g. ``449`` -> ``done``, scored as above;
     * anything else, or an expression the calculator refuses -> observation ``?,``.
     A solved episode reads ``37*12+5?`` | ``37*12+5=`` | ``449,`` | ``449``: two copies, which a
-    small model can learn by RL; division and parentheses are not in the tiny vocabulary.
+    small model can plausibly learn by RL; division and parentheses are not in the tiny vocabulary.
+    Model turns end with EOS; do not make ``=`` a stop string that the engine strips from the text.
 
 The evaluator (:func:`safe_eval`) never calls ``eval``: it checks the characters against a
 whitelist, parses with :mod:`ast` and walks only number literals, ``+ - * /``, parentheses and unary
@@ -38,14 +39,21 @@ overlaps the training split.
 from __future__ import annotations
 
 import ast
-import hashlib
 import random
 import re
 from decimal import Decimal
 from fractions import Fraction
 from typing import Any, Literal
 
-from unirl_lightning.envs.base import Environment, Observation, Split, StepResult, check_split, record_preview
+from unirl_lightning.envs.base import (
+    Environment,
+    Observation,
+    Split,
+    StepResult,
+    check_split,
+    in_heldout,
+    record_preview,
+)
 from unirl_lightning.rewards.base import Reward, resolve_reward, score_batch
 from unirl_lightning.rewards.math import MathVerifyReward
 
@@ -321,12 +329,6 @@ class CalculatorEnv(Environment):
         return f"CalculatorEnv(max_turns={self.max_turns}, syntax={self.syntax!r}, reward={self.reward!r})"
 
 
-def _in_heldout(key: str, heldout_percent: int) -> bool:
-    """Stable across processes and Python versions (sha256, not the salted ``hash``)."""
-    bucket = int.from_bytes(hashlib.sha256(key.encode()).digest()[:8], "big") % 100
-    return bucket < heldout_percent
-
-
 def calculator_records(
     num_prompts: int,
     seed: int = 0,
@@ -371,7 +373,7 @@ def calculator_records(
         c = rng.randrange(1, 100)
         operator = rng.choice("+-")
         expression = f"{a}*{b}{operator}{c}"
-        if _in_heldout(expression, heldout_percent) != want_heldout:
+        if in_heldout(expression, heldout_percent) != want_heldout:
             continue
         answer = a * b + c if operator == "+" else a * b - c
         prompt = f"{expression}?" if syntax == "compact" else f"What is {expression}?"
