@@ -1,0 +1,383 @@
+"""A calculator tool environment: the model calls a safe arithmetic evaluator, then gives a final answer.
+
+Syntax (``syntax="xml"``, for instruction-tuned models; the initial observation is chat messages)
+    * tool call: ``<calc>12*7+3</calc>`` -> observation ``<result>87</result>``
+      (or ``<error>division by zero</error>`` for an expression the calculator refuses);
+    * final answer: ``<answer>87</answer>`` (the inner text goes to math-verify, so ``\\boxed{87}``
+      or ``87.0`` inside the tags are fine too) -> ``done``, reward from math-verify against the
+      record's ``answer``;
+    * a turn with neither -> ``<error>...</error>`` naming the syntax, and the episode goes on.
+    An ``<answer>`` ends the episode even if the turn also holds a call; only the first call of a
+    turn is evaluated. A closing tag cut off by a stop string (``stop=("</calc>", "</answer>")`` with
+    an engine that strips stop strings) is not needed: an unclosed tag extends to the end of the turn.
+
+Syntax (``syntax="compact"``, for the tiny character-level model; the initial observation is a string)
+    Only the characters of :data:`~unirl_lightning.models.CHAR_VOCAB` (``0-9 + - * = space ? . ,``):
+    * prompt ``37*12+5?``;
+    * tool call: a turn ending in ``=``, e.g. ``37*12=`` -> observation ``444,``;
+    * final answer: a turn that is just a number, e.g. ``449`` -> ``done``, scored as above;
+    * anything else, or an expression the calculator refuses -> observation ``?,``.
+    A solved episode reads ``37*12+5?`` | ``37*12+5=`` | ``449,`` | ``449``: two copies, which a
+    small model can plausibly learn by RL; division and parentheses are not in the tiny vocabulary.
+    Model turns end with EOS; do not make ``=`` a stop string that the engine strips from the text.
+
+The evaluator (:func:`safe_eval`) never calls ``eval``: it checks the characters against a
+whitelist, parses with :mod:`ast` and walks only number literals, ``+ - * /``, parentheses and unary
+``-``/``+``, with exact rational arithmetic (:class:`fractions.Fraction`), a bounded expression
+length and a bounded magnitude of every literal and intermediate result (so no exponent, name,
+call, attribute or huge number gets through). Refusals raise :class:`CalculatorError`, which the
+environment turns into an error observation, never an exception.
+
+``info`` of every step counts ``tool_calls``, ``tool_errors`` (refused expressions) and
+``format_errors`` (turns with neither a call nor an answer) so far in the episode.
+
+Records: ``{"prompt": "What is 37*12+5?", "answer": "449", ...}``; :func:`calculator_records`
+generates multi-digit multiplications deterministically per seed, with a held-out split that never
+overlaps the training split.
+"""
+
+from __future__ import annotations
+
+import ast
+import random
+import re
+from decimal import Decimal
+from fractions import Fraction
+from typing import Any, Literal
+
+from unirl_lightning.envs.base import (
+    Environment,
+    Observation,
+    Split,
+    StepResult,
+    check_split,
+    in_heldout,
+    record_preview,
+)
+from unirl_lightning.rewards.base import Reward, resolve_reward, score_batch
+from unirl_lightning.rewards.math import MathVerifyReward
+
+__all__ = [
+    "CALCULATOR_INSTRUCTIONS",
+    "CalculatorEnv",
+    "CalculatorError",
+    "CalculatorSyntax",
+    "calculator_records",
+    "format_number",
+    "parse_calculator_turn",
+    "safe_eval",
+]
+
+CalculatorSyntax = Literal["xml", "compact"]
+_SYNTAXES = ("xml", "compact")
+
+CALCULATOR_INSTRUCTIONS = (
+    "You can use a calculator. To compute an expression, write <calc>expression</calc> using only numbers, "
+    "+ - * / and parentheses, then stop; the result comes back as <result>value</result>. "
+    "When you know the final answer, write <answer>number</answer>."
+)
+"""The system message of the ``xml`` syntax."""
+
+_ALLOWED_CHARS = frozenset("0123456789.+-*/() ")
+_BINARY_OPERATORS = {ast.Add: "+", ast.Sub: "-", ast.Mult: "*", ast.Div: "/"}
+_REFUSED_OPERATORS = {
+    ast.Pow: "**",
+    ast.FloorDiv: "//",
+    ast.Mod: "%",
+    ast.MatMult: "@",
+    ast.LShift: "<<",
+    ast.RShift: ">>",
+    ast.BitOr: "|",
+    ast.BitAnd: "&",
+    ast.BitXor: "^",
+}
+_CALL_XML = re.compile(r"<calc>(.*?)(?:</calc>|\Z)", re.DOTALL)
+_ANSWER_XML = re.compile(r"<answer>(.*?)(?:</answer>|\Z)", re.DOTALL)
+_NUMBER_COMPACT = re.compile(r"-?\d+(?:\.\d+)?")
+
+
+class CalculatorError(ValueError):
+    """An expression the calculator refuses: not plain arithmetic, too long, too large, or undefined."""
+
+
+def safe_eval(expression: str, max_chars: int = 100, max_magnitude: int = 10**15) -> Fraction:
+    """Evaluate plain arithmetic exactly: numbers, ``+ - * /``, parentheses, unary ``-`` and ``+``.
+
+    Args:
+        expression: e.g. ``"12*7+3"``, ``"-(1.5+2)/4"``.
+        max_chars: longest expression accepted (after stripping spaces at the ends).
+        max_magnitude: largest absolute value of any literal or intermediate result.
+
+    Raises:
+        CalculatorError: an empty or too long expression, a character outside ``0-9 . + - * / ( )``
+            and space, a syntax error, any other syntax node (names, calls, ``**``, ``//``, ``%``,
+            comparisons, ...), division by zero, or a value over ``max_magnitude``.
+
+    Example::
+
+        >>> safe_eval("12*7+3")
+        Fraction(87, 1)
+        >>> safe_eval("2**999")  # raises CalculatorError: operator '**' is not allowed; ...
+    """
+    if not isinstance(expression, str):
+        raise CalculatorError(f"the expression must be a str, got {type(expression).__name__}")
+    text = expression.strip()
+    if not text:
+        raise CalculatorError("empty expression")
+    if len(text) > max_chars:
+        raise CalculatorError(f"the expression has {len(text)} characters; at most {max_chars} are allowed")
+    refused = sorted(set(text) - _ALLOWED_CHARS)
+    if refused:
+        raise CalculatorError(
+            f"character(s) {''.join(refused)!r} are not allowed; only digits, '.', + - * / ( ) and spaces"
+        )
+    try:
+        tree = ast.parse(text, mode="eval")
+    except SyntaxError:
+        raise CalculatorError(f"{text!r} is not a well-formed arithmetic expression") from None
+    return _evaluate(tree.body, text, max_magnitude)
+
+
+def _bounded(value: Fraction, max_magnitude: int) -> Fraction:
+    if abs(value) > max_magnitude:
+        raise CalculatorError(f"a value exceeds the calculator's limit of {max_magnitude:.0e} in magnitude")
+    return value
+
+
+def _evaluate(node: ast.AST, text: str, max_magnitude: int) -> Fraction:
+    if isinstance(node, ast.Constant) and type(node.value) in (int, float):
+        # Exact decimal from the source text ("0.1" -> 1/10), not from the binary float.
+        literal = ast.get_source_segment(text, node) or repr(node.value)
+        return _bounded(Fraction(literal), max_magnitude)
+    if isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.USub, ast.UAdd)):
+        operand = _evaluate(node.operand, text, max_magnitude)
+        return -operand if isinstance(node.op, ast.USub) else operand
+    if isinstance(node, ast.BinOp) and type(node.op) in _BINARY_OPERATORS:
+        left = _evaluate(node.left, text, max_magnitude)
+        right = _evaluate(node.right, text, max_magnitude)
+        if isinstance(node.op, ast.Add):
+            value = left + right
+        elif isinstance(node.op, ast.Sub):
+            value = left - right
+        elif isinstance(node.op, ast.Mult):
+            value = left * right
+        else:
+            if right == 0:
+                raise CalculatorError("division by zero")
+            value = left / right
+        return _bounded(value, max_magnitude)
+    if isinstance(node, ast.BinOp) and type(node.op) in _REFUSED_OPERATORS:
+        symbol = _REFUSED_OPERATORS[type(node.op)]
+        raise CalculatorError(f"operator {symbol!r} is not allowed; only + - * / and parentheses")
+    raise CalculatorError(
+        f"{type(node).__name__} is not allowed; only numbers, + - * /, parentheses and unary minus"
+    )
+
+
+def format_number(value: Fraction, decimals: int = 6) -> str:
+    """An integer as is (``"87"``); otherwise a decimal rounded to ``decimals`` places, zeros stripped (``"0.333333"``)."""
+    if value.denominator == 1:
+        return str(value.numerator)
+    rounded = round(value, decimals)
+    text = format(Decimal(rounded.numerator) / Decimal(rounded.denominator), "f")
+    if "." in text:
+        text = text.rstrip("0").rstrip(".")
+    return "0" if text in ("-0", "") else text
+
+
+def parse_calculator_turn(
+    assistant_text: str, syntax: CalculatorSyntax
+) -> tuple[Literal["answer", "call", "none"], str]:
+    """Classify one model turn: ``("answer", text)``, ``("call", expression)`` or ``("none", "")``.
+
+    See the module docstring for both syntaxes; an answer takes precedence over a call.
+
+    Example::
+
+        >>> parse_calculator_turn("let me see <calc>37*12</calc>", "xml")
+        ('call', '37*12')
+        >>> parse_calculator_turn("449", "compact")
+        ('answer', '449')
+    """
+    if syntax == "xml":
+        answer = _ANSWER_XML.search(assistant_text)
+        if answer:
+            return "answer", answer.group(1).strip()
+        call = _CALL_XML.search(assistant_text)
+        if call:
+            return "call", call.group(1).strip()
+        return "none", ""
+    if syntax == "compact":
+        text = assistant_text.strip()
+        if _NUMBER_COMPACT.fullmatch(text):
+            return "answer", text
+        if text.endswith("="):
+            return "call", text[:-1].strip()
+        return "none", ""
+    raise ValueError(f"syntax={syntax!r} is invalid; expected one of {_SYNTAXES}.")
+
+
+class CalculatorEnv(Environment):
+    """Multi-turn arithmetic with a calculator tool; reward from math-verify on the final answer.
+
+    The episode ends at the first final answer (reward: the ``reward``'s score of the answer text
+    against the record, 1.0/0.0 with math-verify) or after ``max_turns`` turns without one (reward 0).
+    The syntax and the observations are described in :mod:`unirl_lightning.envs.calculator`.
+
+    Args:
+        max_turns: model turns per episode (e.g. 2 for "call, then answer" on ``a*b+c``).
+        syntax: ``"xml"`` (``<calc>``/``<answer>`` tags, chat-message prompt) or ``"compact"`` (tiny
+            character vocabulary, string prompt).
+        reward: scores the final answer text against the record (``reward([answer], [record])``);
+            default :class:`~unirl_lightning.rewards.MathVerifyReward` on ``answer_key``. A string is
+            the import path of a per-sample function ``fn(answer_text, record) -> float``.
+        answer_key: record key of the reference answer (checked at ``reset``).
+        max_expression_chars: longest expression the calculator evaluates.
+        max_magnitude: largest absolute value of any number the calculator handles.
+        decimals: decimal places of non-integer results.
+
+    Example::
+
+        env = CalculatorEnv(max_turns=3)
+        env.reset({"prompt": "What is 37*12+5?", "answer": "449"})
+        env.step("<calc>37*12+5</calc>").observation  # -> "<result>449</result>"
+        env.step("<answer>449</answer>").reward  # -> 1.0 (done)
+
+        # YAML
+        # env:
+        #   class_path: unirl_lightning.envs.CalculatorEnv
+        #   init_args: {max_turns: 3, syntax: compact}
+    """
+
+    def __init__(
+        self,
+        max_turns: int = 4,
+        syntax: CalculatorSyntax = "xml",
+        reward: Reward | str | None = None,
+        answer_key: str = "answer",
+        max_expression_chars: int = 100,
+        max_magnitude: int = 10**15,
+        decimals: int = 6,
+    ) -> None:
+        super().__init__(max_turns)
+        if syntax not in _SYNTAXES:
+            raise ValueError(f"CalculatorEnv syntax={syntax!r} is invalid; expected one of {_SYNTAXES}.")
+        for name, value, low, high in (
+            ("max_expression_chars", max_expression_chars, 1, 1000),
+            ("max_magnitude", max_magnitude, 1, 10**100),
+            ("decimals", decimals, 0, 30),
+        ):
+            if not isinstance(value, int) or isinstance(value, bool) or not low <= value <= high:
+                raise ValueError(
+                    f"CalculatorEnv {name}={value!r} is invalid; expected an int in [{low}, {high}]."
+                )
+        self.syntax: CalculatorSyntax = syntax
+        self.reward = MathVerifyReward(answer_key=answer_key) if reward is None else resolve_reward(reward)
+        self.answer_key = answer_key
+        self.max_expression_chars = max_expression_chars
+        self.max_magnitude = max_magnitude
+        self.decimals = decimals
+        self.tool_calls = 0
+        self.tool_errors = 0
+        self.format_errors = 0
+
+    def on_reset(self, record: dict[str, Any]) -> Observation:
+        for key in ("prompt", self.answer_key):
+            if key not in record:
+                raise ValueError(
+                    f"CalculatorEnv needs record key {key!r}; the record has keys {sorted(record)}: "
+                    f"{record_preview(record)}"
+                )
+        prompt = record["prompt"]
+        if not isinstance(prompt, str):
+            raise ValueError(f"CalculatorEnv record 'prompt' must be a str, got {type(prompt).__name__}.")
+        self.tool_calls = self.tool_errors = self.format_errors = 0
+        if self.syntax == "compact":
+            return prompt
+        return [{"role": "system", "content": CALCULATOR_INSTRUCTIONS}, {"role": "user", "content": prompt}]
+
+    def on_step(self, assistant_text: str) -> StepResult:
+        kind, payload = parse_calculator_turn(assistant_text, self.syntax)
+        if kind == "answer":
+            reward = score_batch(self.reward, [payload], [self.record])[0]
+            return StepResult(None, reward, done=True, info={**self._counts(), "answer": payload})
+        if kind == "call":
+            self.tool_calls += 1
+            try:
+                value = safe_eval(payload, self.max_expression_chars, self.max_magnitude)
+            except CalculatorError as err:
+                self.tool_errors += 1
+                return StepResult(self._error(str(err)), info={**self._counts(), "expression": payload})
+            result = format_number(value, self.decimals)
+            observation = f"{result}," if self.syntax == "compact" else f"<result>{result}</result>"
+            return StepResult(observation, info={**self._counts(), "expression": payload, "result": result})
+        self.format_errors += 1
+        message = "write <calc>expression</calc> to compute, or <answer>number</answer> to finish"
+        return StepResult(self._error(message), info=self._counts())
+
+    def _error(self, message: str) -> str:
+        return "?," if self.syntax == "compact" else f"<error>{message}</error>"
+
+    def _counts(self) -> dict[str, int]:
+        return {
+            "tool_calls": self.tool_calls,
+            "tool_errors": self.tool_errors,
+            "format_errors": self.format_errors,
+        }
+
+    def __repr__(self) -> str:
+        return f"CalculatorEnv(max_turns={self.max_turns}, syntax={self.syntax!r}, reward={self.reward!r})"
+
+
+def calculator_records(
+    num_prompts: int,
+    seed: int = 0,
+    split: Split = "train",
+    syntax: CalculatorSyntax = "xml",
+    digits: int = 2,
+    heldout_percent: int = 10,
+) -> list[dict[str, Any]]:
+    """``num_prompts`` problems ``a*b+c`` / ``a*b-c`` (``a``, ``b`` with ``digits`` digits, ``c`` in 1..99).
+
+    The same arguments give the same records (a private ``random.Random(seed)``). Every expression
+    belongs to exactly one split, by a stable hash of the expression (``heldout_percent`` percent
+    are held out), so no ``"heldout"`` record ever appears in ``"train"``, whatever the seeds. The
+    problems need the tool: the products have ``2 * digits - 1`` or more digits.
+
+    Returns records ``{"prompt", "answer", "expression", "task": "calculator"}``; the prompt is
+    ``"What is 37*12+5?"`` (``xml``) or ``"37*12+5?"`` (``compact``).
+
+    Example::
+
+        >>> calculator_records(1, seed=0, syntax="compact")
+        [{'prompt': '59*63-6?', 'answer': '3711', 'expression': '59*63-6', 'task': 'calculator'}]
+    """
+    check_split(split)
+    if syntax not in _SYNTAXES:
+        raise ValueError(f"syntax={syntax!r} is invalid; expected one of {_SYNTAXES}.")
+    for name, value, low, high in (
+        ("num_prompts", num_prompts, 0, 10**7),
+        ("digits", digits, 2, 6),
+        ("heldout_percent", heldout_percent, 1, 99),
+    ):
+        if not isinstance(value, int) or isinstance(value, bool) or not low <= value <= high:
+            raise ValueError(
+                f"calculator_records {name}={value!r} is invalid; expected an int in [{low}, {high}]."
+            )
+    rng = random.Random(seed)
+    want_heldout = split == "heldout"
+    records: list[dict[str, Any]] = []
+    while len(records) < num_prompts:
+        a = rng.randrange(10 ** (digits - 1), 10**digits)
+        b = rng.randrange(10 ** (digits - 1), 10**digits)
+        c = rng.randrange(1, 100)
+        operator = rng.choice("+-")
+        expression = f"{a}*{b}{operator}{c}"
+        if in_heldout(expression, heldout_percent) != want_heldout:
+            continue
+        answer = a * b + c if operator == "+" else a * b - c
+        prompt = f"{expression}?" if syntax == "compact" else f"What is {expression}?"
+        records.append(
+            {"prompt": prompt, "answer": str(answer), "expression": expression, "task": "calculator"}
+        )
+    return records
