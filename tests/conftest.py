@@ -7,7 +7,9 @@ import os
 import pytest
 import torch
 
-os.environ.setdefault("RAY_AUTH_MODE", "token")  # token auth on, without Ray's start-up warning (before ray loads)
+os.environ.setdefault(
+    "RAY_AUTH_MODE", "token"
+)  # token auth on, without Ray's start-up warning (before ray loads)
 os.environ.setdefault("RAY_DEDUP_LOGS", "0")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 

@@ -44,20 +44,20 @@ from unirl_lightning.rewards import import_callable  # noqa: E402
 
 
 def _strategy_settings(trainer: Any) -> dict[str, Any] | None:
-    """The rollout settings of ``trainer.strategy`` when it is an AsyncRolloutStrategy given by
-    class path, with the constructor's defaults for the keys not given; None otherwise."""
-    from unirl_lightning.strategy import AsyncRolloutStrategy
+    """The rollout settings of ``trainer.strategy`` when it is a rollout strategy given by class path,
+    with the defaults for the keys not given; None otherwise."""
+    from unirl_lightning.strategy import RolloutStrategyMixin
 
     node = trainer.get("strategy") if trainer is not None else None
     class_path = node.get("class_path") if hasattr(node, "get") else None
     if not class_path:
         return None
     module, _, name = class_path.rpartition(".")
-    if not issubclass(getattr(importlib.import_module(module), name), AsyncRolloutStrategy):
+    if not issubclass(getattr(importlib.import_module(module), name), RolloutStrategyMixin):
         return None
     given = node.get("init_args")
     given = dict(given.items()) if hasattr(given, "items") else vars(given or {})
-    defaults = inspect.signature(AsyncRolloutStrategy.__init__).parameters
+    defaults = inspect.signature(RolloutStrategyMixin.init_rollout).parameters
     return {
         key: given.get(key, defaults[key].default) for key in ("placement", "max_staleness", "max_inflight")
     }

@@ -20,6 +20,16 @@ sample is older than ``max_staleness`` versions; weights are pushed only while n
 Workers are shut down on error and Ctrl-C (``on_exception``), by :meth:`shutdown`, and at exit.
 Callbacks depend on the strategy, never the reverse (the sync cadence is handed over by
 ``WeightSyncCallback.setup`` as :attr:`sync_interval`). Only Lightning's public API is used.
+
+Several training ranks: :class:`AsyncRolloutDDPStrategy` is the same rollout side
+(:class:`RolloutStrategyMixin`) on Lightning's ``DDPStrategy`` (``devices=N``, ``num_nodes``; gloo on
+CPU, nccl on GPU). Every rank drives its own controller and RolloutLoop over its own rollout workers
+and its own share of the prompts (a ``DistributedSampler``), so groups never straddle ranks and the
+global batch is ranks x batch_size; rank 0 starts (or joins) Ray and the other ranks join it. A
+sync is collective: every rank reaches it at the same RL step (the cadence is a step count), quiesces
+its workers, pushes its replica of the weights (identical under DDP) to them, advances the same
+version, and a barrier ends it. Checkpoints hold every rank's loop state; a resume needs the same
+number of ranks.
 """
 
 from __future__ import annotations
@@ -28,11 +38,13 @@ import logging
 import math
 import os
 import time
+from datetime import timedelta
 from typing import Any, Literal
 
 import torch
+import torch.distributed as dist
 from jsonargparse.typing import NonNegativeInt, PositiveInt
-from lightning.pytorch.strategies import SingleDeviceStrategy, StrategyRegistry
+from lightning.pytorch.strategies import DDPStrategy, SingleDeviceStrategy, StrategyRegistry
 
 from unirl_lightning.checks import require_at_least, require_choice, require_positive
 from unirl_lightning.engines import EngineConfig, EngineName, check_engine_name, resolve_engine
@@ -62,8 +74,11 @@ def check_rollout_settings(placement: str, max_staleness: int, max_inflight: int
         )
 
 
-class AsyncRolloutStrategy(SingleDeviceStrategy):
-    """Train on one device while rollout workers generate asynchronously.
+class RolloutStrategyMixin:
+    """The rollout side of a Lightning strategy (see the module docstring); mixed in before a Lightning
+    strategy class, every hook calls ``super()``.
+
+    Rollout settings (:meth:`init_rollout`, the keyword arguments of every sibling strategy):
 
     Args:
         engine: what serves the policy in the workers: ``"hf"``, ``"vllm"``, ``"sglang"``,
@@ -72,31 +87,24 @@ class AsyncRolloutStrategy(SingleDeviceStrategy):
         max_staleness: a sample launched under weight version ``v`` is trained only while
             ``current_version - v <= max_staleness``. 0 = on-policy.
         max_inflight: rollout requests (one training step of prompts each) in flight at once.
-        num_workers: rollout workers (Ray actors); each prompt batch is split across them.
+        num_workers: rollout workers (Ray actors) per training rank; each prompt batch is split
+            across them.
         num_cpus_per_worker / num_gpus_per_worker: Ray resources of each worker.
         placement: ``"separate"`` (generators on their own devices; required for async) or
             ``"colocate"`` (engines sleep while the trainer runs; synchronous only).
         weight_sync: ``"object_store"`` (default), ``"collective"`` or a ``WeightSync`` instance.
-        device: the training device, ``"auto"`` = ``cuda:0`` when visible else ``cpu``.
-        seed: base seed of the rollout requests (request ``g`` samples with ``seed + g``).
-        trainer_threads: torch threads of the training process on CPU. None = the cores the local
-            workers leave free (at least 1), so trainer and generators do not fight over cores.
+        seed: base seed of the rollout requests (request ``g`` of rank ``r`` samples with
+            ``seed + r * 1_000_003 + g``).
+        trainer_threads: torch threads of each training process on CPU. None = the cores the local
+            workers leave free, shared by the local ranks (at least 1).
         generation_timeout_s: how long a worker may take for one request of up to 1024 samples
             (proportionally longer for larger ones) before it counts as hung and is replaced.
         max_worker_restarts: dead or hung workers replaced over the run (a new actor gets the
             current weights and the lost requests are relaunched with their gen_id and stamp);
             past that the run fails naming the worker, the gen_id and the wait.
-
-    Example::
-
-        trainer = Trainer(strategy=AsyncRolloutStrategy(engine="hf", max_staleness=1, max_inflight=2),
-                          max_steps=100)
-        trainer.fit(GRPOModule(...), datamodule=PromptDataModule("digit_successor"))
     """
 
-    strategy_name = "async_rollout"
-
-    def __init__(
+    def init_rollout(
         self,
         engine: EngineName | EngineConfig = "auto",
         max_staleness: NonNegativeInt = 1,
@@ -106,7 +114,6 @@ class AsyncRolloutStrategy(SingleDeviceStrategy):
         num_gpus_per_worker: float = 0,
         placement: Placement = "separate",
         weight_sync: WeightSyncName | WeightSync = "object_store",
-        device: str = "auto",
         seed: int = 0,
         trainer_threads: PositiveInt | None = None,
         generation_timeout_s: float = 600.0,
@@ -118,9 +125,6 @@ class AsyncRolloutStrategy(SingleDeviceStrategy):
         require_at_least("num_workers", num_workers, 1)
         if trainer_threads is not None:
             require_at_least("trainer_threads", trainer_threads, 1)
-        if device == "auto":
-            device = "cuda:0" if torch.cuda.is_available() else "cpu"
-        super().__init__(device=torch.device(device))
         self.engine = engine
         self.max_staleness = int(max_staleness)
         self.max_inflight = int(max_inflight)
@@ -142,16 +146,46 @@ class AsyncRolloutStrategy(SingleDeviceStrategy):
 
     # -- lifecycle ------------------------------------------------------------------------------
     def setup(self, trainer: Any) -> None:
-        super().setup(trainer)
+        super().setup(trainer)  # first: under DDP the pushed weights are those of the wrapped module
+        local_ranks = max(1, trainer.world_size // max(1, trainer.num_nodes))
         if self.root_device.type == "cpu":
             threads = self.trainer_threads
             if threads is None:
                 local = not os.environ.get("RAY_ADDRESS")
-                busy = math.ceil(self.num_workers * self.num_cpus_per_worker) if local else 0
-                threads = max(1, (os.cpu_count() or 1) - busy)
+                busy = local_ranks * math.ceil(self.num_workers * self.num_cpus_per_worker) if local else 0
+                threads = max(1, ((os.cpu_count() or 1) - busy) // local_ranks)
             torch.set_num_threads(threads)
         if self.workers is None:
+            self._connect_ray(trainer.world_size)
             self._start_rollout(trainer.lightning_module)
+        self.barrier("rollout workers started")
+
+    def _connect_ray(self, world_size: int) -> None:
+        """One Ray for every rank: rank 0 starts (or joins ``RAY_ADDRESS``) it, the others join it."""
+        if world_size == 1:
+            return  # the worker group starts or joins Ray on demand
+        import ray
+
+        from unirl_lightning.workers.group import ensure_ray
+
+        address = None
+        if self.global_rank == 0:
+            wanted = math.ceil(world_size * self.num_workers * self.num_cpus_per_worker)
+            ensure_ray(num_cpus=max(wanted, os.cpu_count() or 1))
+            address = ray.get_runtime_context().gcs_address
+        address = self.broadcast(address, src=0)
+        if self.global_rank != 0 and not ray.is_initialized():
+            # an explicit address authenticates only when token auth was on before ray was imported
+            # (the CLI and the tests set RAY_AUTH_MODE=token); otherwise "auto" finds this node's cluster
+            explicit = os.environ.get("RAY_ADDRESS") or (
+                address if os.environ.get("RAY_AUTH_MODE") == "token" else None
+            )
+            ray.init(address=explicit or "auto", log_to_driver=True)
+            if ray.get_runtime_context().gcs_address != address:
+                raise RuntimeError(
+                    f"rank {self.global_rank} joined the Ray cluster at {ray.get_runtime_context().gcs_address}, but "
+                    f"rank 0 runs one at {address}: set RAY_AUTH_MODE=token (or RAY_ADDRESS) before the run starts"
+                )
 
     def _start_rollout(self, module: Any) -> None:
         from unirl_lightning.workers import RolloutWorkerGroup
@@ -206,13 +240,14 @@ class AsyncRolloutStrategy(SingleDeviceStrategy):
                 "one by default through configure_callbacks)"
             )
         spec = self.lightning_module.rollout_spec()
+        rank_seed = self.seed + self.global_rank * 1_000_003  # ranks sample from different streams
 
         def build_request(records: list[dict[str, Any]], gen_id: int) -> RolloutRequest:
             return RolloutRequest(
                 records=records,
                 n=spec.num_generations,
                 sampling=spec.sampling,
-                seed=self.seed + gen_id,
+                seed=rank_seed + gen_id,
                 gen_id=gen_id,
             )
 
@@ -228,7 +263,7 @@ class AsyncRolloutStrategy(SingleDeviceStrategy):
             extra_stats=lambda: {"rollout/worker_restarts": float(self.workers.restarts)},
         )
         if self._loop_state is not None:
-            self.loop.load_state_dict(self._loop_state)
+            self.loop.load_loop_state(self._loop_state)
             self._loop_state = None
         return self.loop
 
@@ -241,7 +276,10 @@ class AsyncRolloutStrategy(SingleDeviceStrategy):
 
     # -- the two verbs callbacks use ------------------------------------------------------------
     def sync_weights(self) -> dict[str, float]:
-        """Quiesce (wait for everything in flight), push the trainer's weights, bump the version."""
+        """Quiesce (wait for everything in flight), push the trainer's weights, bump the version.
+
+        With several ranks every rank calls it at the same RL step (it is collective): each quiesces
+        and pushes to its own workers, then a barrier ends the sync."""
         ctl = self.controller
         if ctl is None:
             raise RuntimeError(
@@ -262,6 +300,7 @@ class AsyncRolloutStrategy(SingleDeviceStrategy):
             stats.update(time_s=result.time_s, bytes=result.bytes)
 
         version = ctl.sync_weights(push)
+        self.barrier("weight sync")  # every rank has pushed and advanced to the same version
         self.last_sync = {
             "sync/time_s": stats["time_s"],
             "sync/bytes": float(stats["bytes"]),
@@ -286,13 +325,31 @@ class AsyncRolloutStrategy(SingleDeviceStrategy):
 
     # -- checkpointing --------------------------------------------------------------------------
     def rollout_state_dict(self) -> dict[str, Any]:
-        """The loop's position and the version ledger (plain Python types)."""
+        """This rank's loop position and version ledger (plain Python types)."""
         if self.loop is not None:
-            return self.loop.state_dict()
+            return self.loop.loop_state()
         return dict(self._loop_state or {})
 
+    def gather_rollout_state(self) -> dict[str, Any]:
+        """Every rank's rollout state, ``{"world_size": W, "ranks": [state_0, ...]}`` (collective)."""
+        state = self.rollout_state_dict()
+        if self.world_size == 1:
+            return {"world_size": 1, "ranks": [state]}
+        states: list[Any] = [None] * self.world_size
+        dist.all_gather_object(states, state)
+        return {"world_size": self.world_size, "ranks": states}
+
     def load_rollout_state_dict(self, state: dict[str, Any]) -> None:
-        """Applied when the rollout side starts (or at once if it runs already)."""
+        """This rank's share of a checkpoint's rollout state (a single rank's state is accepted as is);
+        applied when the rollout side starts (or at once if it runs already)."""
+        if "ranks" in state:
+            if state["world_size"] != self.world_size:
+                raise ValueError(
+                    f"the checkpoint was written by {state['world_size']} training rank(s) and this run has "
+                    f"{self.world_size}: resume with the same number of ranks (each rank's prompt stream and "
+                    "in-flight requests are its own)"
+                )
+            state = state["ranks"][self.global_rank]
         self._loop_state = dict(state)
         if self.controller is not None and self.controller.inflight == 0 and self.controller.buffered == 0:
             # a live controller adopts the checkpoint's ledger so that stamps stay comparable
@@ -306,7 +363,7 @@ class AsyncRolloutStrategy(SingleDeviceStrategy):
     def save_checkpoint(self, checkpoint: dict[str, Any], filepath: Any, storage_options: Any = None) -> None:
         """Lightning's save plus the rollout state; a local file is written next to its final name
         and renamed into place, so a crash while saving never leaves a half-written checkpoint."""
-        checkpoint[CHECKPOINT_KEY] = self.rollout_state_dict()
+        checkpoint[CHECKPOINT_KEY] = self.gather_rollout_state()  # Lightning calls this on every rank
         path = os.fspath(filepath)
         if "://" in path:  # a remote filesystem: Lightning's own transaction
             super().save_checkpoint(checkpoint, filepath, storage_options)
@@ -325,8 +382,22 @@ class AsyncRolloutStrategy(SingleDeviceStrategy):
     # -- teardown -------------------------------------------------------------------------------
     def on_exception(self, exception: BaseException) -> None:
         log.warning("stopping rollout workers after %s", type(exception).__name__)
-        self.shutdown()
+        self._failed = True
+        self.shutdown()  # no collective here: another rank may be gone
         super().on_exception(exception)
+
+    def teardown(self) -> None:
+        """Several ranks: stop this rank's workers, then Ray in order (the joined ranks first, rank 0
+        last). One rank keeps its workers for the next ``fit`` on the same strategy."""
+        if self.world_size > 1 and not getattr(self, "_failed", False) and self.workers is not None:
+            import ray
+
+            self.barrier("rollout teardown")
+            self.shutdown()
+            if self.global_rank != 0 and ray.is_initialized():
+                ray.shutdown()
+            self.barrier("rollout teardown: joined ranks left Ray")
+        super().teardown()
 
     def shutdown(self) -> None:
         """Kill the workers (and the local Ray this run started). Safe to call twice."""
@@ -341,9 +412,77 @@ class AsyncRolloutStrategy(SingleDeviceStrategy):
         shutdown_ray_if_owned()
 
 
-if AsyncRolloutStrategy.strategy_name not in StrategyRegistry:
-    StrategyRegistry.register(
-        AsyncRolloutStrategy.strategy_name,
-        AsyncRolloutStrategy,
-        description="Lightning training + asynchronous rollout workers on Ray (unirl_lightning)",
-    )
+class AsyncRolloutStrategy(RolloutStrategyMixin, SingleDeviceStrategy):
+    """Train on one device while rollout workers generate asynchronously.
+
+    Args:
+        device: the training device, ``"auto"`` = ``cuda:0`` when visible else ``cpu``.
+        **rollout: the rollout settings, :meth:`RolloutStrategyMixin.init_rollout` (``engine``,
+            ``max_staleness``, ``max_inflight``, ``num_workers``, ``placement``, ``weight_sync``, ...).
+
+    Example::
+
+        trainer = Trainer(strategy=AsyncRolloutStrategy(engine="hf", max_staleness=1, max_inflight=2),
+                          max_steps=100)
+        trainer.fit(GRPOModule(...), datamodule=PromptDataModule("digit_successor"))
+    """
+
+    strategy_name = "async_rollout"
+
+    def __init__(self, device: str = "auto", **rollout: Any) -> None:
+        if device == "auto":
+            device = "cuda:0" if torch.cuda.is_available() else "cpu"
+        super().__init__(device=torch.device(device))
+        self.init_rollout(**rollout)
+
+    @property
+    def global_rank(self) -> int:
+        return 0
+
+    @property
+    def world_size(self) -> int:
+        return 1
+
+
+class AsyncRolloutDDPStrategy(RolloutStrategyMixin, DDPStrategy):
+    """Train on several ranks with Lightning's DDP while rollout workers generate asynchronously.
+
+    ``Trainer(strategy=AsyncRolloutDDPStrategy(...), devices=N, num_nodes=M)``; see the module
+    docstring for how rollout, sync and checkpoints work across ranks.
+
+    Args:
+        process_group_backend: ``"gloo"`` (CPU) or ``"nccl"`` (GPU); None = Lightning's choice.
+        timeout_s: timeout of every collective of the training process group.
+        find_unused_parameters: DDP's flag (trainable parameters some backward does not reach).
+        **rollout: the rollout settings, :meth:`RolloutStrategyMixin.init_rollout` (``num_workers`` is
+            per rank).
+
+    Example::
+
+        Trainer(strategy=AsyncRolloutDDPStrategy(max_staleness=1, num_workers=1), accelerator="cpu",
+                devices=2, max_steps=100)
+    """
+
+    strategy_name = "async_rollout_ddp"
+
+    def __init__(
+        self,
+        process_group_backend: Literal["gloo", "nccl"] | None = None,
+        timeout_s: float = 1800.0,
+        find_unused_parameters: bool = False,
+        **rollout: Any,
+    ) -> None:
+        super().__init__(
+            process_group_backend=process_group_backend,
+            timeout=timedelta(seconds=require_positive("timeout_s", timeout_s)),
+            find_unused_parameters=find_unused_parameters,
+        )
+        self.init_rollout(**rollout)
+
+
+for _cls, _description in (
+    (AsyncRolloutStrategy, "Lightning training on one device + asynchronous rollout workers on Ray"),
+    (AsyncRolloutDDPStrategy, "Lightning DDP training ranks + asynchronous rollout workers on Ray"),
+):
+    if _cls.strategy_name not in StrategyRegistry:
+        StrategyRegistry.register(_cls.strategy_name, _cls, description=f"{_description} (unirl_lightning)")

@@ -126,10 +126,10 @@ def test_prompt_stream_restarts_when_exhausted_and_counts_epochs():
 def test_state_dict_replays_launched_but_untrained_prompts_first():
     loop, ctl = make_loop(batches(8), max_staleness=1, max_inflight=2)
     loop.next_batch()  # trains batch 0, batch 1 is launched and buffered
-    state = loop.state_dict()
+    state = loop.loop_state()
     assert [r["prompt"] for r in state["untrained"][0]] == ["p1-0", "p1-1"]
     resumed, _ = make_loop(batches(8), max_staleness=1, max_inflight=2)
-    resumed.load_state_dict(state)
+    resumed.load_loop_state(state)
     first = resumed._next_records()
     second = resumed._next_records()
     assert [r["prompt"] for r in first] == ["p1-0", "p1-1"]
@@ -149,7 +149,7 @@ def test_a_resumed_loop_keeps_as_many_requests_in_flight_as_before_the_restart()
         ctl.quiesce()
         ctl.sync_weights(lambda version: None)
     look_ahead = ctl.next_gen_id - loop.steps  # requests launched beyond the ones trained, at the "kill"
-    state = loop.state_dict()
+    state = loop.loop_state()
     resumed, ctl2 = make_loop(
         batches(20),
         max_staleness=1,
@@ -157,12 +157,12 @@ def test_a_resumed_loop_keeps_as_many_requests_in_flight_as_before_the_restart()
         generate=slow_generate,
         start_gen_id=state["next_gen_id"],
     )
-    resumed.load_state_dict(state)
+    resumed.load_loop_state(state)
     resumed.next_batch()
     assert look_ahead == 1 and resumed.gen_id_offset == 1  # one relaunch
     # the relaunch (gen 4) and one step of look-ahead (gen 5), as before the restart
     assert ctl2.next_gen_id - resumed.steps - resumed.gen_id_offset == look_ahead
-    assert resumed.state_dict()["gen_id_offset"] == 1
+    assert resumed.loop_state()["gen_id_offset"] == 1
 
 
 @settings(max_examples=60, deadline=None)

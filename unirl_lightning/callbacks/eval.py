@@ -85,7 +85,10 @@ class RolloutEvalCallback(RolloutCallback):
                 )
             self.sampling = replace(self.sampling, max_new_tokens=self.max_new_tokens)
 
-    def evaluate(self, trainer: Any, pl_module: Any) -> dict[str, float]:
+    def evaluate(self, trainer: Any, pl_module: Any) -> dict[str, float] | None:
+        """Evaluate now (rank 0 only, with its workers' weights: every rank holds the same version)."""
+        if not trainer.is_global_zero:
+            return None
         strategy = self.strategy
         groups = strategy.evaluate(
             self._held_out(trainer), self.sampling, n=self.num_generations, seed=self.seed

@@ -40,7 +40,7 @@ class SampleImageLogger(RolloutCallback):
         return [{"prompt": ""}]
 
     def log_samples(self, trainer: Any, pl_module: Any, tag: str) -> None:
-        if not self.num_images:
+        if not self.num_images or not trainer.is_global_zero:
             return
         records = self._records(trainer)
         per_record = math.ceil(self.num_images / len(records))

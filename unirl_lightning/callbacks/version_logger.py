@@ -30,11 +30,10 @@ class WeightVersionLogger(RolloutCallback):
     def on_train_batch_start(self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int) -> None:
         version = self.strategy.weight_version
         staleness = (version - batch.weight_versions).float()
+        sync = trainer.world_size > 1  # the same version on every rank; staleness over all ranks
         pl_module.log("rollout/weight_version", float(version), prog_bar=self.prog_bar, batch_size=1)
-        pl_module.log_dict(
-            {"rollout/staleness_mean": staleness.mean(), "rollout/staleness_max": staleness.max()},
-            batch_size=1,
-        )
+        pl_module.log("rollout/staleness_mean", staleness.mean(), batch_size=1, sync_dist=sync)
+        pl_module.log("rollout/staleness_max", staleness.max(), batch_size=1, sync_dist=sync, reduce_fx="max")
         every = self.histogram_every_n_steps
         if every and batch_idx % every == 0:
             for logger in trainer.loggers:

@@ -48,7 +48,9 @@ class WeightSyncCallback(RolloutCallback):
             return
         stats = self.strategy.sync_weights()
         self.num_syncs += 1
-        pl_module.log_dict(stats, on_step=True, on_epoch=False, batch_size=1)
+        # the slowest rank's times (a sync ends when every rank is done)
+        sync = trainer.world_size > 1
+        pl_module.log_dict(stats, on_step=True, on_epoch=False, batch_size=1, sync_dist=sync, reduce_fx="max")
 
     def state_dict(self) -> dict[str, Any]:
         return {"every_n_steps": self.every_n_steps, "num_syncs": self.num_syncs}

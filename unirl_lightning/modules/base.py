@@ -149,6 +149,7 @@ class PolicyGradientModule(RLModule):
         self.ref_policy: torch.nn.Module | None = None
         self.first_minibatch = True
         self._last_step_end: float | None = None
+        self.last_step_metrics: dict[str, torch.Tensor] = {}
 
     # -- what a subclass supplies ---------------------------------------------------------------
     def prepare_batch(self, batch: Any) -> dict[str, Any]:  # pragma: no cover - abstract
@@ -212,6 +213,7 @@ class PolicyGradientModule(RLModule):
         start = time.perf_counter()
         context = self.prepare_batch(batch)
         first = self.update(batch, context)
+        self.last_step_metrics = first  # this rank's own figures (the logged ones are means over ranks)
         end = time.perf_counter()
         n = batch.num_rows
         throughput = {}

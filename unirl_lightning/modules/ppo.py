@@ -146,6 +146,7 @@ class PPOModule(CausalLMModule):
                 "train/explained_variance": explained_variance(old_values, returns, mask),
             },
             batch_size=batch.num_rows,
+            sync_dist=self.trainer.world_size > 1,
         )
         return {**context, "advantages": advantages, "old_values": old_values, "returns": returns}
 

@@ -18,7 +18,7 @@ one step, the freshest groups are trained and the older ones may age out (counte
 ``rollout/evicted_groups``); when generation is the bottleneck the buffer rarely holds more than
 one step, so nothing ages out. Eviction therefore only spends generation that had slack. ``launch_ceiling`` keeps launches from running so far ahead that they would be evicted.
 The loop's position (prompts handed out, launched-but-untrained requests, next gen_id, version)
-is in ``state_dict`` so that a checkpoint resumes without losing or repeating prompts. A resumed
+is in ``loop_state()`` so that a checkpoint resumes without losing or repeating prompts. A resumed
 loop relaunches the untrained requests first, under new gen_ids; those gen_ids do not count
 against the launch ceiling's look-ahead (``gen_id_offset``), so a resumed run keeps as many
 requests in flight as before the restart.
@@ -221,7 +221,10 @@ class RolloutLoop:
         return batch
 
     # -- checkpointing --------------------------------------------------------------------------
-    def state_dict(self) -> dict[str, Any]:
+    # Not ``state_dict``/``load_state_dict``: Lightning would treat the loop as a stateful dataloader,
+    # save rank 0's position with its own loop state and load it on every rank. The strategy saves
+    # every rank's position itself.
+    def loop_state(self) -> dict[str, Any]:
         """Plain Python types only. Launched-but-untrained prompts are saved by value: a resume
         relaunches them first."""
         return {
@@ -236,7 +239,7 @@ class RolloutLoop:
             "evicted_groups": self.evicted_groups,
         }
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
+    def load_loop_state(self, state: dict[str, Any]) -> None:
         self.steps = state["steps"]
         self.prompt_batches_used = state["prompt_batches_used"]
         self.prompt_epoch = state["prompt_epoch"]

@@ -39,9 +39,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+import psutil
 import ray
 
-from unirl_lightning.ray_watchdog import start_watchdog
+from unirl_lightning.ray_watchdog import start_watchdog, stop_watchdog
 from unirl_lightning.rollout.types import Rollout, RolloutRequest
 
 log = logging.getLogger(__name__)
@@ -61,6 +62,7 @@ def ensure_ray(num_cpus: int | None = None, object_store_memory: int | None = 51
         return
     # a short folder of its own (Ray's socket paths must stay under 108 bytes), removed at shutdown
     temp_dir = tempfile.mkdtemp(prefix="ray-", dir="/tmp" if os.path.isdir("/tmp") else None)
+    spared = [p.pid for p in psutil.Process().children(recursive=True)]  # e.g. other training ranks
     ray.init(
         num_cpus=num_cpus or max(2, os.cpu_count() or 1),
         object_store_memory=object_store_memory,
@@ -71,7 +73,7 @@ def ensure_ray(num_cpus: int | None = None, object_store_memory: int | None = 51
         _temp_dir=temp_dir,
     )
     _STARTED_BY_US = True
-    _OWNED.update(temp_dir=temp_dir, watchdog=start_watchdog(temp_dir))
+    _OWNED.update(temp_dir=temp_dir, watchdog=start_watchdog(temp_dir, spared))
 
 
 def shutdown_ray_if_owned() -> None:
@@ -82,8 +84,7 @@ def shutdown_ray_if_owned() -> None:
     _STARTED_BY_US = False
     watchdog = _OWNED.pop("watchdog", None)
     if watchdog is not None:
-        watchdog.stdin.close()  # the watchdog finds nothing alive, removes the folder and exits
-        watchdog.wait(timeout=30)
+        stop_watchdog(watchdog)  # it removes the temp folder
     _OWNED.pop("temp_dir", None)
 
 

@@ -1,0 +1,126 @@
+"""A GRPO run on 2 DDP training ranks (CPU, gloo) with one rollout worker per rank, as a script: the
+tests run it in a subprocess (Lightning's DDP launcher re-runs this script for rank 1) and read the
+``rank<r>.json`` file each rank writes: every step's version, row versions, gen_ids, prompts and
+metrics, a checksum of the trained weights and whether the workers hold them bit for bit.
+
+    python tests/distributed/ddp_run.py --out DIR --mode sync|async --max-steps N [--ckpt PATH]
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import sys
+from pathlib import Path
+
+os.environ.setdefault("RAY_AUTH_MODE", "token")
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repo root: tests.* and the package
+
+import torch  # noqa: E402
+from lightning.pytorch import Callback, Trainer, seed_everything  # noqa: E402
+from lightning.pytorch.callbacks import ModelCheckpoint  # noqa: E402
+
+from tests.builders import tiny_module  # noqa: E402
+from unirl_lightning.callbacks import WeightSyncCallback, WeightVersionLogger  # noqa: E402
+from unirl_lightning.data import PromptDataModule  # noqa: E402
+from unirl_lightning.strategy import AsyncRolloutDDPStrategy  # noqa: E402
+
+
+class Record(Callback):
+    def __init__(self) -> None:
+        self.steps: list[dict] = []
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+        tok = pl_module.tokenizer
+        prompts = sorted(
+            {
+                tok.decode(ids[(attn == 1) & (resp == 0)].tolist())
+                for ids, attn, resp in zip(batch.input_ids, batch.attention_mask, batch.response_mask)
+            }
+        )
+        self.steps.append(
+            {
+                "version": trainer.strategy.weight_version,
+                "row_versions": batch.weight_versions.tolist(),
+                "gen_ids": sorted(set(batch.gen_ids.tolist())),
+                "prompts": prompts,
+            }
+        )
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        mine = pl_module.last_step_metrics  # this rank's, not the mean over ranks
+        self.steps[-1]["ratio_mean"] = float(mine["ratio_mean"])
+        self.steps[-1]["logp_diff_abs"] = float(mine["logp_diff_abs"])
+
+    def on_train_end(self, trainer, pl_module):  # before the strategy stops the workers
+        strategy = trainer.strategy
+        trainer_state = dict(pl_module.policy.state_dict())
+        loop = strategy.loop
+        self.final = {
+            "rank": trainer.global_rank,
+            "steps": self.steps,
+            "checksum": checksum(trainer_state),
+            "workers_equal": all(
+                all(torch.equal(worker[k], v) for k, v in trainer_state.items())
+                for worker in strategy.workers.call("state_dict")
+            ),
+            "next_gen_id": loop.controller.next_gen_id,
+            "untrained": sorted(loop.untrained),
+            "evicted": list(loop.recent_evicted_gen_ids),
+            "untrained_prompts": sorted(r["prompt"] for records in loop.untrained.values() for r in records),
+        }
+
+
+def checksum(state: dict) -> str:
+    digest = hashlib.sha256()
+    for name in sorted(state):
+        digest.update(name.encode() + state[name].detach().cpu().contiguous().numpy().tobytes())
+    return digest.hexdigest()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--mode", choices=["sync", "async"], required=True)
+    parser.add_argument("--max-steps", type=int, required=True)
+    parser.add_argument("--ckpt", default=None)
+    args = parser.parse_args()
+    out = Path(args.out)
+    torch.set_num_threads(1)
+    seed_everything(0)
+    staleness, inflight = (0, 1) if args.mode == "sync" else (1, 2)
+    strategy = AsyncRolloutDDPStrategy(
+        process_group_backend="gloo", max_staleness=staleness, max_inflight=inflight, num_workers=1
+    )
+    record = Record()
+    trainer = Trainer(
+        accelerator="cpu",
+        devices=2,
+        strategy=strategy,
+        max_steps=args.max_steps,
+        callbacks=[
+            WeightSyncCallback(),
+            WeightVersionLogger(histogram_every_n_steps=0),
+            record,
+            ModelCheckpoint(out / "ckpt", every_n_train_steps=1, save_last=True),
+        ],
+        logger=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+    )
+    module = tiny_module()
+    data = PromptDataModule(
+        train="digit_successor",
+        batch_size=4,
+        num_train_prompts=400,
+        task_kwargs={"prefix_len": 6},
+        shuffle=False,
+    )
+    trainer.fit(module, datamodule=data, ckpt_path=args.ckpt)
+    (out / f"rank{trainer.global_rank}.json").write_text(json.dumps(record.final))
+
+
+if __name__ == "__main__":
+    main()
