@@ -435,14 +435,6 @@ class AsyncRolloutStrategy(RolloutStrategyMixin, SingleDeviceStrategy):
         super().__init__(device=torch.device(device))
         self.init_rollout(**rollout)
 
-    @property
-    def global_rank(self) -> int:
-        return 0
-
-    @property
-    def world_size(self) -> int:
-        return 1
-
 
 class AsyncRolloutDDPStrategy(RolloutStrategyMixin, DDPStrategy):
     """Train on several ranks with Lightning's DDP while rollout workers generate asynchronously.
