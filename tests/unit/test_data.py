@@ -124,9 +124,9 @@ def evaluate_exactly(expression: str) -> Fraction:
     return walk(ast.parse(expression, mode="eval").body)
 
 
-@pytest.fixture(scope="module")
-def word_problem_records():
-    return make_task("word_problems", num_prompts=400, seed=0)
+@pytest.fixture(scope="module", params=["multi_step", "easy"])
+def word_problem_records(request):
+    return make_task("word_problems", num_prompts=400, seed=0, difficulty=request.param)
 
 
 def test_every_word_problem_answer_is_verified_by_math_verify_when_boxed(word_problem_records):
@@ -148,7 +148,8 @@ def test_word_problem_answer_is_its_expression_a_whole_number_over_numbers_from_
         assert set(re.findall(r"\d+", record["expression"])) - {"2"} <= problem_numbers, record
 
 
-def test_word_problems_mix_templates_operations_and_multi_digit_answers(word_problem_records):
+def test_multi_step_word_problems_mix_templates_operations_and_multi_digit_answers():
+    word_problem_records = make_task("word_problems", num_prompts=400, seed=0)
     openings = {record["prompt"].split(" ")[1] for record in word_problem_records}
     assert len(openings) >= 6  # several templates appear
     operations = {op for record in word_problem_records for op in "+-*/" if f" {op} " in record["expression"]}
@@ -159,10 +160,24 @@ def test_word_problems_mix_templates_operations_and_multi_digit_answers(word_pro
     assert len(WORD_PROBLEM_TEMPLATES) == 10
 
 
+def test_easy_word_problems_are_one_operation_on_numbers_up_to_20():
+    records = make_task("word_problems", num_prompts=300, seed=4, difficulty="easy")
+    operations = set()
+    for record in records:
+        left, operation, right = record["expression"].split(" ")
+        operations.add(operation)
+        assert 1 <= int(left) <= 20 and 1 <= int(right) <= 20, record
+    assert operations == {"+", "-", "*"}
+    with pytest.raises(
+        ValueError, match=r"difficulty='hard' is invalid; expected one of \['easy', 'multi_step'\]"
+    ):
+        make_task("word_problems", num_prompts=1, seed=0, difficulty="hard")
+
+
 def test_word_problems_end_with_the_boxed_instruction_which_task_kwargs_replace():
     default = make_task("word_problems", num_prompts=3, seed=1)
     assert all(record["prompt"].endswith("\n" + WORD_PROBLEM_INSTRUCTION) for record in default)
-    assert "\\boxed{}" in WORD_PROBLEM_INSTRUCTION
+    assert "\\boxed{" in WORD_PROBLEM_INSTRUCTION
     custom = make_task("word_problems", num_prompts=3, seed=1, instruction="Answer in one number.")
     assert [record["prompt"].split("\n")[0] for record in custom] == [
         record["prompt"].split("\n")[0] for record in default
@@ -183,7 +198,13 @@ def test_is_held_out_is_a_stable_hash_of_the_prompt_holding_out_about_ten_percen
 @settings(max_examples=30, deadline=None)
 @given(
     task=st.sampled_from(
-        [("word_problems", {}), ("digit_successor", {"prefix_len": 2}), ("copy_first", {}), ("add_mod10", {})]
+        [
+            ("word_problems", {}),
+            ("word_problems", {"difficulty": "easy"}),
+            ("digit_successor", {"prefix_len": 2}),
+            ("copy_first", {}),
+            ("add_mod10", {}),
+        ]
     ),
     train_seed=st.integers(0, 10**9),
     held_out_seed=st.integers(0, 10**9),

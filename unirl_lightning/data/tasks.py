@@ -98,8 +98,9 @@ def add_mod10(num_prompts: int, seed: int) -> list[dict]:
 
 # ---------------------------------------------------------------- word problems
 
-WORD_PROBLEM_INSTRUCTION = "Put the final answer (just the number) in \\boxed{}."
-"""Default instruction appended to every word problem (on its own line)."""
+WORD_PROBLEM_INSTRUCTION = "Give only the final answer, written as \\boxed{number}, e.g. \\boxed{42}."
+"""Default instruction appended to every word problem (on its own line). The worked example matters
+for a small model: untrained SmolLM2-135M-Instruct boxes ~1/3 of its answers with it, ~1/30 without."""
 
 _NAMES = ("Ava", "Ben", "Chloe", "Dev", "Emma", "Farid", "Grace", "Hugo", "Ines", "Jamal", "Keiko", "Liam")
 _Problem = tuple[str, str, int]  # (problem text, arithmetic expression, answer)
@@ -229,27 +230,79 @@ WORD_PROBLEM_TEMPLATES: tuple[Callable[[random.Random], _Problem], ...] = (
 """Each template draws its numbers and returns ``(problem text, arithmetic expression, answer)``."""
 
 
-def word_problems(num_prompts: int, seed: int, instruction: str = WORD_PROBLEM_INSTRUCTION) -> list[dict]:
-    """GSM8K-style arithmetic word problems, two or three steps each, with a numeric answer.
+def _easy_add(rng: random.Random) -> _Problem:
+    name, items = rng.choice(_NAMES), rng.choice(_ITEMS)
+    a, b = rng.randint(2, 20), rng.randint(2, 20)
+    return (
+        f"{name} has {a} {items} and buys {b} more. How many {items} does {name} have now?",
+        f"{a} + {b}",
+        a + b,
+    )
 
-    Ten templates (buying and giving, boxes, wages, sharing, sales, change, speed, halves, rows,
-    pages) mix ``+ - * /`` over one- to three-digit numbers; answers are non-negative integers
-    (up to about 20,000). The prompt is the problem, a newline and ``instruction`` (by default
-    asking for the answer in ``\\boxed{}``). Records also carry ``"expression"``, the arithmetic
-    that gives the answer (a worked solution for checks and logs).
+
+def _easy_subtract(rng: random.Random) -> _Problem:
+    name, items = rng.choice(_NAMES), rng.choice(_ITEMS)
+    a = rng.randint(5, 20)
+    b = rng.randint(1, a - 1)
+    text = f"{name} has {a} {items} and gives {b} to a friend. How many {items} does {name} have left?"
+    return text, f"{a} - {b}", a - b
+
+
+def _easy_multiply(rng: random.Random) -> _Problem:
+    name, items = rng.choice(_NAMES), rng.choice(_ITEMS)
+    bags, per_bag = rng.randint(2, 9), rng.randint(2, 9)
+    text = f"{name} buys {bags} bags with {per_bag} {items} in each bag. How many {items} does {name} buy?"
+    return text, f"{bags} * {per_bag}", bags * per_bag
+
+
+EASY_WORD_PROBLEM_TEMPLATES: tuple[Callable[[random.Random], _Problem], ...] = (
+    _easy_add,
+    _easy_subtract,
+    _easy_multiply,
+)
+"""One-step problems over numbers up to 20 (``difficulty="easy"``)."""
+
+Difficulty = Literal["easy", "multi_step"]
+
+
+def word_problems(
+    num_prompts: int,
+    seed: int,
+    instruction: str = WORD_PROBLEM_INSTRUCTION,
+    difficulty: Difficulty = "multi_step",
+) -> list[dict]:
+    """GSM8K-style arithmetic word problems with a numeric answer.
+
+    ``difficulty="multi_step"``: ten templates (buying and giving, boxes, wages, sharing, sales,
+    change, speed, halves, rows, pages), two or three steps each, mix ``+ - * /`` over one- to
+    three-digit numbers; answers are non-negative integers up to about 20,000.
+    ``difficulty="easy"``: one ``+``, ``-`` or ``*`` over numbers up to 20 (a small model's
+    warm-up: untrained SmolLM2-135M-Instruct solves these greedily but not the multi-step ones).
+
+    The prompt is the problem, a newline and ``instruction`` (by default asking for the answer in
+    ``\\boxed{}``). Records also carry ``"expression"``, the arithmetic that gives the answer (a
+    worked solution for checks and logs).
 
     Example::
 
         >>> record = word_problems(1, seed=0)[0]
-        >>> record["prompt"]
-        'A train travels at 147 km per hour for 2 hours and then another 142 km. How many km does it travel in total?\\nPut the final answer (just the number) in \\\\boxed{}.'
+        >>> print(record["prompt"])
+        A train travels at 147 km per hour for 2 hours and then another 142 km. How many km does it travel in total?
+        Give only the final answer, written as \\boxed{number}, e.g. \\boxed{42}.
         >>> record["answer"], record["expression"]
         ('436', '147 * 2 + 142')
+        >>> word_problems(1, seed=0, difficulty="easy")[0]["expression"]
+        '13 - 9'
     """
+    templates = {"easy": EASY_WORD_PROBLEM_TEMPLATES, "multi_step": WORD_PROBLEM_TEMPLATES}.get(difficulty)
+    if templates is None:
+        raise ValueError(
+            f"Task 'word_problems': difficulty={difficulty!r} is invalid; expected one of {list(get_args(Difficulty))}."
+        )
     rng = random.Random(seed)
     records = []
     for _ in range(num_prompts):
-        text, expression, answer = rng.choice(WORD_PROBLEM_TEMPLATES)(rng)
+        text, expression, answer = rng.choice(templates)(rng)
         records.append(
             {
                 "prompt": f"{text}\n{instruction}",
