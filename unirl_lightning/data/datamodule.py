@@ -1,10 +1,13 @@
 """Prompt records and the :class:`PromptDataModule` that serves them in batches.
 
-Contract: a *prompt record* is a plain dict ``{"prompt": str, "answer": ..., **other_keys}``.
+Contract: a *prompt record* is a plain dict ``{"prompt": str, "answer": ..., **other_keys}``;
+a chat record also has ``"messages"`` (``[{"role": str, "content": str}, ...]``), which
+:func:`unirl_lightning.prompts.render_prompt` renders instead of ``"prompt"``.
 :func:`load_records` reads records from a ``.jsonl`` or ``.parquet`` file, or builds them from a
 built-in task (:mod:`unirl_lightning.data.tasks`), and normalises them: the prompt (and answer)
-are copied from ``prompt_key`` (and ``answer_key``) to ``"prompt"`` (and ``"answer"``); every
-other key is kept as is, so rewards can read extra fields. :class:`PromptDataModule` yields
+are copied from ``prompt_key`` (and ``answer_key``) to ``"prompt"`` (and ``"answer"``); a prompt
+field holding a list of messages is copied to ``"messages"``, and ``"prompt"`` becomes its last
+user turn (for logs). Every other key is kept as is, so rewards can read extra fields. :class:`PromptDataModule` yields
 training batches as ``list[dict]`` (no tensor collation: the rollout side tokenizes), and
 exposes the held-out records through :meth:`PromptDataModule.val_records` for the eval callback.
 
@@ -17,18 +20,28 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, get_args
 
 import torch
 from lightning.pytorch import LightningDataModule
 from torch.utils.data import DataLoader
 
-from unirl_lightning.data.tasks import BUILTIN_TASKS, make_task
+from unirl_lightning.data.tasks import BUILTIN_TASKS, Split, make_task
 
-__all__ = ["PromptDataModule", "load_records", "collate_records", "VAL_SEED_OFFSET", "SUPPORTED_SUFFIXES"]
+__all__ = [
+    "HeldOut",
+    "PromptDataModule",
+    "SUPPORTED_SUFFIXES",
+    "VAL_SEED_OFFSET",
+    "collate_records",
+    "load_records",
+]
 
 VAL_SEED_OFFSET = 1_000_003
 """Held-out records of a built-in task use ``seed + VAL_SEED_OFFSET``."""
+
+HeldOut = Literal["disjoint", "resample"]
+"""How :class:`PromptDataModule` draws held-out records of a built-in task (see its docstring)."""
 
 SUPPORTED_SUFFIXES = (".jsonl", ".parquet")
 
@@ -61,11 +74,19 @@ def _normalise(raw: Any, prompt_key: str, answer_key: str | None, where: str) ->
             "set prompt_key to the field holding the prompt."
         )
     prompt = raw[prompt_key]
-    if not isinstance(prompt, str):
-        raise ValueError(
-            f"{where}: prompt key {prompt_key!r} holds {type(prompt).__name__} {prompt!r:.200}; expected a str."
-        )
     record = dict(raw)
+    if isinstance(prompt, list):
+        record["messages"] = _check_messages(prompt, prompt_key, where)
+        prompt = next((m["content"] for m in reversed(prompt) if m["role"] == "user"), None)
+        if prompt is None:
+            raise ValueError(
+                f"{where}: chat messages under {prompt_key!r} have no 'user' turn; expected one."
+            )
+    elif not isinstance(prompt, str):
+        raise ValueError(
+            f"{where}: prompt key {prompt_key!r} holds {type(prompt).__name__} {prompt!r:.200}; "
+            "expected a str or a list of {'role', 'content'} messages."
+        )
     record["prompt"] = prompt
     if answer_key is not None:
         if answer_key not in raw:
@@ -75,6 +96,20 @@ def _normalise(raw: Any, prompt_key: str, answer_key: str | None, where: str) ->
             )
         record["answer"] = raw[answer_key]
     return record
+
+
+def _check_messages(messages: list, prompt_key: str, where: str) -> list[dict]:
+    for index, message in enumerate(messages):
+        if not (
+            isinstance(message, dict)
+            and isinstance(message.get("role"), str)
+            and isinstance(message.get("content"), str)
+        ):
+            raise ValueError(
+                f"{where}: message {index} under {prompt_key!r} is {message!r:.200}; "
+                "expected {'role': str, 'content': str}."
+            )
+    return messages
 
 
 def _read_jsonl(path: Path, prompt_key: str, answer_key: str | None) -> list[dict]:
@@ -111,6 +146,7 @@ def load_records(
     prompt_key: str = "prompt",
     answer_key: str | None = "answer",
     task_kwargs: dict | None = None,
+    split: Split | None = None,
 ) -> list[dict]:
     """Load prompt records from a built-in task name, a ``.jsonl`` file or a ``.parquet`` file.
 
@@ -122,6 +158,8 @@ def load_records(
         answer_key: File field holding the answer (copied to ``"answer"``); ``None`` to allow
             records without an answer.
         task_kwargs: Extra keyword arguments of a built-in task.
+        split: For a built-in task, draw only ``"train"`` or only ``"held_out"`` prompts (see
+            :func:`~unirl_lightning.data.tasks.make_task`); ignored for files.
 
     Raises:
         FileNotFoundError: ``source`` is neither a built-in task nor an existing file.
@@ -137,7 +175,7 @@ def load_records(
     if name in BUILTIN_TASKS:
         if num_prompts is None:
             raise ValueError(f"Built-in task {name!r} needs num_prompts (an int >= 1); got None.")
-        return make_task(name, num_prompts, seed, **(task_kwargs or {}))
+        return make_task(name, num_prompts, seed, split=split, **(task_kwargs or {}))
     path = Path(name).expanduser()
     if not path.is_file():
         raise FileNotFoundError(
@@ -173,13 +211,25 @@ class PromptDataModule(LightningDataModule):
     ``batch_size``, in a fixed order; :meth:`val_records` returns them all at once.
 
     For a built-in task, training records use ``seed`` and held-out records
-    ``seed + VAL_SEED_OFFSET``. The digit tasks have at most a few hundred distinct prompts, so
-    held-out prompts may also appear in training; they are for demos, not generalisation claims.
-    With a file ``train`` and no ``val``, there are no held-out records (``val_records() == []``).
+    ``seed + VAL_SEED_OFFSET``, and ``held_out`` says how the two relate:
+
+    * ``"disjoint"``: the task's prompt space is partitioned by a hash of the prompt
+      (:func:`~unirl_lightning.data.tasks.is_held_out`, 10% held out): training records come from
+      one side, held-out records from the other, so no held-out prompt is ever trained on, for any
+      seed and size. Use it to measure generalisation (``word_problems``, or the digit tasks with a
+      large prompt space such as ``digit_successor`` with ``prefix_len``). A task whose prompt
+      space is too small to split fails at ``setup`` with a message saying so.
+    * ``"resample"`` (default): both come from the whole prompt space, drawn with the two seeds,
+      so held-out prompts may also appear in training. With the 10 prompts of
+      ``digit_successor`` that is the only choice: the CPU demo's "held-out" accuracy then tracks
+      the training prompts, not generalisation.
+
+    A ``val`` file is used as given, whatever ``held_out`` says. With a file ``train`` and no
+    ``val``, there are no held-out records (``val_records() == []``).
 
     Args:
         train: Path to a ``.jsonl`` / ``.parquet`` file, or a built-in task name
-            (``digit_successor``, ``copy_first``, ``add_mod10``).
+            (``digit_successor``, ``copy_first``, ``add_mod10``, ``word_problems``).
         val: Same for held-out records; ``None`` means the same built-in task with another seed
             (or nothing when ``train`` is a file).
         batch_size: Prompts per training step (and per validation batch).
@@ -191,6 +241,8 @@ class PromptDataModule(LightningDataModule):
         seed: Seed of built-in tasks and of the training shuffle order.
         shuffle: Shuffle training records each epoch (deterministically from ``seed``).
         task_kwargs: Extra arguments of the built-in task(s), e.g. ``{"prefix_len": 2}``.
+        held_out: ``"disjoint"`` or ``"resample"``: how built-in held-out records relate to the
+            training records (above).
 
     Example::
 
@@ -198,6 +250,8 @@ class PromptDataModule(LightningDataModule):
         # data:
         #   class_path: unirl_lightning.data.PromptDataModule
         #   init_args: {train: add_mod10, batch_size: 8, num_train_prompts: 1024}
+        # or, with held-out problems never trained on:
+        #   init_args: {train: word_problems, batch_size: 8, held_out: disjoint}
         >>> data = PromptDataModule("add_mod10", batch_size=2, num_train_prompts=4, shuffle=False)
         >>> data.setup("fit")
         >>> next(iter(data.train_dataloader()))
@@ -216,8 +270,13 @@ class PromptDataModule(LightningDataModule):
         seed: int = 0,
         shuffle: bool = True,
         task_kwargs: dict | None = None,
+        held_out: HeldOut = "resample",
     ) -> None:
         super().__init__()
+        if held_out not in get_args(HeldOut):
+            raise ValueError(
+                f"PromptDataModule held_out={held_out!r} is invalid; expected one of {list(get_args(HeldOut))}."
+            )
         _check_positive_int("batch_size", batch_size)
         _check_positive_int("num_train_prompts", num_train_prompts)
         _check_positive_int("num_val_prompts", num_val_prompts)
@@ -238,17 +297,21 @@ class PromptDataModule(LightningDataModule):
         self.seed = seed
         self.shuffle = shuffle
         self.task_kwargs = dict(task_kwargs or {})
+        self.held_out = held_out
         self._train_records: list[dict] | None = None
         self._val_records: list[dict] | None = None
 
-    def _load(self, source: str, num_prompts: int, seed: int) -> list[dict]:
+    def _load(self, source: str, num_prompts: int, seed: int, split: Split) -> list[dict]:
         task_kwargs = self.task_kwargs if source in BUILTIN_TASKS else None
-        return load_records(source, num_prompts, seed, self.prompt_key, self.answer_key, task_kwargs)
+        split_or_none = split if self.held_out == "disjoint" else None
+        return load_records(
+            source, num_prompts, seed, self.prompt_key, self.answer_key, task_kwargs, split=split_or_none
+        )
 
     def setup(self, stage: str | None = None) -> None:
         """Load train and held-out records (idempotent; the data is small and in memory)."""
         if self._train_records is None:
-            records = self._load(self.train_source, self.num_train_prompts, self.seed)
+            records = self._load(self.train_source, self.num_train_prompts, self.seed, "train")
             if len(records) < self.batch_size:
                 raise ValueError(
                     f"PromptDataModule train={self.train_source!r} has {len(records)} records, fewer than "
@@ -262,7 +325,7 @@ class PromptDataModule(LightningDataModule):
             self._val_records = (
                 []
                 if val_source is None
-                else self._load(val_source, self.num_val_prompts, self.seed + VAL_SEED_OFFSET)
+                else self._load(val_source, self.num_val_prompts, self.seed + VAL_SEED_OFFSET, "held_out")
             )
 
     def train_records(self) -> list[dict]:
