@@ -46,9 +46,34 @@ def build_char_tokenizer(chars: tuple[str, ...] = CHAR_VOCAB):
     )
 
 
+class PromptFormat:
+    """How a causal-LM policy turns a prompt record into the token ids it is conditioned on, and which
+    tokens end a completion. Every rollout engine calls these (the trainer scores the ids the engine
+    sampled from), so a chat template or system prompt is applied once, the same way, everywhere.
+
+    Subclasses are dataclasses with the fields ``chat: bool`` (apply the tokenizer's chat template)
+    and ``system_prompt: str | None``; see :mod:`unirl_lightning.prompts`.
+    """
+
+    chat: bool
+    system_prompt: str | None
+
+    def prompt_ids(self, tokenizer: Any, record: dict[str, Any]) -> list[int]:
+        """The prompt token ids of ``record`` (see :func:`unirl_lightning.prompts.render_prompt`)."""
+        from unirl_lightning.prompts import render_prompt
+
+        return render_prompt(tokenizer, record, chat=self.chat, system_prompt=self.system_prompt)
+
+    def stop_ids(self, tokenizer: Any) -> list[int]:
+        """EOS, and with the chat template its end-of-turn token."""
+        from unirl_lightning.prompts import stop_token_ids
+
+        return stop_token_ids(tokenizer) if self.chat else [int(tokenizer.eos_token_id)]
+
+
 @dataclass
-class TinyCausalLM:
-    """A tiny random-init Llama with a character tokenizer, built locally.
+class TinyCausalLM(PromptFormat):
+    """A tiny random-init Llama with a character tokenizer, built locally (no chat template).
 
     Example::
 
@@ -61,6 +86,8 @@ class TinyCausalLM:
     intermediate_size: int = 128
     max_position_embeddings: int = 64
     seed: int = 0
+    chat: bool = False
+    system_prompt: str | None = None
 
     def build(self) -> tuple[Any, Any]:
         import torch
@@ -235,7 +262,7 @@ def _looks_like_a_path(name: str) -> bool:
 
 
 @dataclass
-class PretrainedCausalLM:
+class PretrainedCausalLM(PromptFormat):
     """A pretrained causal LM: a hub id, a local directory, a local GGUF file, or a bundled model.
 
     ``build()`` loads with ``from_pretrained`` in the calling process (trainer and every rollout
@@ -260,6 +287,9 @@ class PretrainedCausalLM:
         trust_remote_code: Passed to ``from_pretrained``.
         attn_implementation: Passed to ``from_pretrained`` (``None``: transformers' default).
         cache_dir: Root of the GGUF conversion cache; ``None`` = :func:`default_cache_dir`.
+        chat: Render prompts with the tokenizer's chat template (an instruct model) in every engine,
+            and stop at its end-of-turn token too.
+        system_prompt: With ``chat``, a system turn before the user's.
 
     Example::
 
@@ -277,6 +307,8 @@ class PretrainedCausalLM:
     trust_remote_code: bool = False
     attn_implementation: str | None = None
     cache_dir: str | None = None
+    chat: bool = False
+    system_prompt: str | None = None
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPES:

@@ -116,12 +116,6 @@ def engine_device(device: str, num_threads: int | None) -> torch.device:
     return torch.device(device)
 
 
-def encode_prompt(tokenizer: Any, record: dict[str, Any]) -> list[int]:
-    """The prompt token ids of ``record`` (its ``prompt`` text, no special tokens added): every token
-    engine tokenizes prompts with this one function, so their ids agree."""
-    return list(tokenizer(record["prompt"], add_special_tokens=False)["input_ids"])
-
-
 def trim_at_stop(tokens: list[int], stop_ids: Sequence[int]) -> tuple[list[int], FinishReason]:
     """Cut a sampled row at its first stop token (kept, so the policy learns to stop)."""
     for i, token in enumerate(tokens):

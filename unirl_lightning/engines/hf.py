@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from unirl_lightning.engines.base import EngineConfig, encode_prompt, engine_device, make_group, trim_at_stop
+from unirl_lightning.engines.base import EngineConfig, engine_device, make_group, trim_at_stop
 from unirl_lightning.lora import LLM_LORA_TARGETS, LoraSpec, apply_lora, effective_weights, load_named_weights
 from unirl_lightning.models import PolicySpec
 from unirl_lightning.rollout.types import Rollout, RolloutRequest
@@ -56,7 +56,8 @@ class HFEngine:
         if lora is not None:
             self.model = apply_lora(self.model, lora, LLM_LORA_TARGETS)
         self.model.to(self.device).eval().requires_grad_(False)
-        self.stop_ids = [self.tokenizer.eos_token_id]
+        self.policy = policy
+        self.stop_ids = policy.stop_ids(self.tokenizer)  # EOS (and the chat template's end of turn)
         self.weight_version = 0
 
     # -- weights ---------------------------------------------------------------------------------
@@ -84,7 +85,7 @@ class HFEngine:
     # -- generation ------------------------------------------------------------------------------
     @torch.no_grad()
     def generate(self, request: RolloutRequest) -> list[list[Rollout]]:
-        prompts = [encode_prompt(self.tokenizer, record) for record in request.records]
+        prompts = [self.policy.prompt_ids(self.tokenizer, record) for record in request.records]
         groups: list[list[Rollout]] = []
         per_call = max(1, self.config.max_batch_size // request.n)
         for start in range(0, len(prompts), per_call):

@@ -72,15 +72,15 @@ class ServedPolicy:
 
 
 def materialize_policy(policy: PolicySpec, directory: str) -> ServedPolicy:
-    """What a serving engine needs to load ``policy``: a :class:`PretrainedCausalLM` as it is; a
+    """What a serving engine needs to load ``policy``: a :class:`PretrainedCausalLM` from its
+    ``pretrained_path()`` (a hub id, a directory, or the cached float copy of a GGUF file); a
     :class:`TinyCausalLM` built and saved (``save_pretrained``, model + tokenizer) under ``directory``."""
     if isinstance(policy, PretrainedCausalLM):
         from transformers import AutoTokenizer
 
-        tokenizer = AutoTokenizer.from_pretrained(
-            policy.name_or_path, trust_remote_code=policy.trust_remote_code
-        )
-        return ServedPolicy(policy.name_or_path, policy.dtype, policy.trust_remote_code, tokenizer)
+        path = policy.pretrained_path()
+        tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=policy.trust_remote_code)
+        return ServedPolicy(path, policy.dtype, policy.trust_remote_code, tokenizer)
     if isinstance(policy, TinyCausalLM):
         model, tokenizer = policy.build()
         path = os.path.join(directory, "policy")

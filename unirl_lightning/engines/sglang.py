@@ -49,7 +49,7 @@ from typing import Any
 import torch
 
 from unirl_lightning.checks import require_in_range, require_positive
-from unirl_lightning.engines.base import EngineConfig, encode_prompt, import_backend, make_group
+from unirl_lightning.engines.base import EngineConfig, import_backend, make_group
 from unirl_lightning.engines.serving import is_lora_push, lora_adapter_config, materialize_policy
 from unirl_lightning.lora import LoraSpec
 from unirl_lightning.models import PolicySpec
@@ -122,6 +122,7 @@ class SGLangEngine:
 
         self.config = config
         self.lora = lora
+        self.policy = policy
         self.weight_version = 0
         self._tmp = tempfile.mkdtemp(prefix="unirl-sglang-")
         self._cleanup = weakref.finalize(self, shutil.rmtree, self._tmp, True)
@@ -231,8 +232,8 @@ class SGLangEngine:
         self.wake()
         sampling = request.sampling
         tok = self.tokenizer
-        eos = tok.eos_token_id
-        prompt_ids = [encode_prompt(tok, record) for record in request.records]
+        stop_ids = self.policy.stop_ids(tok)
+        prompt_ids = [self.policy.prompt_ids(tok, record) for record in request.records]
         input_ids, params = [], []
         for i, ids in enumerate(prompt_ids):
             for j in range(request.n):
@@ -244,6 +245,7 @@ class SGLangEngine:
                 }
                 if sampling.stop:
                     param["stop"] = list(sampling.stop)
+                param["stop_token_ids"] = stop_ids
                 if self.config.deterministic and request.seed is not None:
                     param["sampling_seed"] = request.seed + i * request.n + j
                 input_ids.append(ids)
@@ -256,13 +258,15 @@ class SGLangEngine:
         )
         groups: list[list[Rollout]] = []
         for i, ids in enumerate(prompt_ids):
-            samples = [_completion(output, eos) for output in outputs[i * request.n : (i + 1) * request.n]]
+            samples = [
+                _completion(output, stop_ids) for output in outputs[i * request.n : (i + 1) * request.n]
+            ]
             groups.append(make_group(request, i, ids, samples, tok, self.weight_version))
         return groups
 
 
-def _completion(output: dict[str, Any], eos: int | None) -> tuple[list[int], list[float], str]:
-    """(token ids, their log-probs, finish reason) of one SGLang output, cut after the first eos."""
+def _completion(output: dict[str, Any], stop_ids: list[int]) -> tuple[list[int], list[float], str]:
+    """(token ids, their log-probs, finish reason) of one SGLang output, cut after the first stop token."""
     meta = output["meta_info"]
     pairs = [(int(token), float(logprob)) for logprob, token, *_ in meta["output_token_logprobs"]]
     finish = meta.get("finish_reason") or {}
@@ -270,8 +274,9 @@ def _completion(output: dict[str, Any], eos: int | None) -> tuple[list[int], lis
     if kind not in ("stop", "length"):
         raise RuntimeError(f"SGLang finished a sample with {finish!r}")
     tokens = [token for token, _ in pairs]
-    if eos is not None and eos in tokens:
-        cut = tokens.index(eos) + 1
+    stops = [i for i, token in enumerate(tokens) if token in stop_ids]
+    if stops:
+        cut = stops[0] + 1
         pairs, kind = pairs[:cut], "stop"
     return [t for t, _ in pairs], [lp for _, lp in pairs], kind
 

@@ -65,7 +65,7 @@ from typing import Any, Literal
 import torch
 
 from unirl_lightning.checks import require_choice, require_positive
-from unirl_lightning.engines.base import EngineConfig, encode_prompt, import_backend, make_group
+from unirl_lightning.engines.base import EngineConfig, import_backend, make_group
 from unirl_lightning.engines.serving import is_lora_push, lora_adapter_config, materialize_policy
 from unirl_lightning.engines.vllm_worker import pack_bucket
 from unirl_lightning.lora import LoraSpec
@@ -155,6 +155,7 @@ class VLLMEngine:
 
         self.config = config
         self.lora = lora
+        self.policy = policy
         self.weight_version = 0
         self.on_cpu = current_platform.is_cpu()
         self.sleep_supported = bool(current_platform.is_sleep_mode_available()) and not self.on_cpu
@@ -172,6 +173,7 @@ class VLLMEngine:
             self._check_cpu_head_size(policy.hidden_size // policy.num_heads)
         served = materialize_policy(policy, self._tmp)
         self.model_path, self.tokenizer = served.path, served.tokenizer
+        self.stop_ids = policy.stop_ids(self.tokenizer)
         kwargs: dict[str, Any] = dict(
             model=served.path,
             dtype=served.dtype,
@@ -301,7 +303,7 @@ class VLLMEngine:
             )
             self._warned_top_p = True
         tok = self.tokenizer
-        prompt_ids = [encode_prompt(tok, record) for record in request.records]
+        prompt_ids = [self.policy.prompt_ids(tok, record) for record in request.records]
         params = []
         for i in range(len(request.records)):
             params.append(
@@ -311,6 +313,7 @@ class VLLMEngine:
                     top_p=1.0 if greedy else sampling.top_p,
                     max_tokens=sampling.max_new_tokens,
                     stop=list(sampling.stop) or None,
+                    stop_token_ids=self.stop_ids,  # EOS (and a chat template's end of turn), kept
                     logprobs=0,  # the sampled token's log-prob only
                     seed=None if request.seed is None else request.seed + i * request.n,
                     detokenize=bool(sampling.stop),  # stop strings need text; otherwise we decode
