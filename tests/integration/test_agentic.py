@@ -235,3 +235,22 @@ def test_the_agentic_recipes_parse_and_build(recipe, tmp_path):
     assert cli.model.rollout_spec().agentic is not None
     assert type(cli.datamodule).__name__ == "EpisodeDataModule"
     assert len(cli.datamodule.train_records()) >= cli.datamodule.batch_size
+
+
+def test_the_guessing_recipe_reward_rises_in_a_short_run(tmp_path):
+    """60 steps of examples/agentic_guessing_tiny.yaml (the recipe runs 300): the mean reward of the
+    last 15 steps beats the first 15 by a clear margin (measured: 0.22 -> 0.35)."""
+    args = [
+        "fit",
+        "--config",
+        str(EXAMPLES / "agentic_guessing_tiny.yaml"),
+        "--trainer.max_steps=60",
+        "--trainer.enable_progress_bar=false",
+        f"--trainer.logger.init_args.save_dir={tmp_path}",
+    ]
+    cli = run_cli(args)
+    cli.trainer.strategy.shutdown()
+    rewards = [value for _, value in read_scalars(tmp_path)["rollout/reward_mean"]]
+    assert len(rewards) == 60
+    first, last = sum(rewards[:15]) / 15, sum(rewards[-15:]) / 15
+    assert last > first + 0.05, f"reward did not rise: first 15 steps {first:.3f}, last 15 steps {last:.3f}"

@@ -147,7 +147,9 @@ class AgenticRolloutLoop:
         self.drives = 0
         self.carried = 0  # groups a sync interrupted that were resubmitted (counted per interruption)
         self.dropped = 0  # groups a sync interrupted that were discarded
-        self._dropped_seen = controller.dropped  # the controller's count when the last drive began
+        self._drive_roots: set[str] = set()  # the groups the last drive was asked for
+        self._drive_start_gen_id = controller.next_gen_id  # the controller's counts when it began
+        self._dropped_seen = controller.dropped
         self.blocked_s = 0.0  # time the trainer waited on episodes since the last batch
 
     # -- the prompt stream (as RolloutLoop's: replay first, one endless epoch) ---------------------
@@ -221,27 +223,30 @@ class AgenticRolloutLoop:
         if self.tail_policy == "carry":  # resumed where they stopped (after the new groups: the drive's seed)
             requests.extend(self._resumed(sample_id) for sample_id in stopped)
         self.drives += 1
+        self._drive_roots = {root_of(request.sample_id) for request in requests}
         ctl.submit(requests)
 
     def _check_tail(self, tail_roots: set[str]) -> None:
-        """The groups the last drive left incomplete must be exactly those with suspended episodes.
-
-        The controller sees only the groups with some sibling arrived (it keeps them under carry,
-        drops them under drop); a group whose every episode was suspended is the loop's to carry or
-        drop. Anything else would lose an episode silently.
-        """
+        """Every group of the last drive completed (the controller stamped it: ``next_gen_id`` moved on)
+        or has suspended episodes (the tail); the controller kept (carry) or dropped (drop) those of
+        the tail with a sibling already arrived, the loop carries or drops the others. Anything else
+        would lose an episode silently, so it raises ``RuntimeError``."""
         ctl = self.controller
+        completed = ctl.next_gen_id - self._drive_start_gen_id
         kept, dropped = set(ctl.tail_roots()), ctl.dropped - self._dropped_seen
-        self._dropped_seen = ctl.dropped
-        if self.tail_policy == "carry" and kept <= tail_roots and not dropped:
-            return
-        if self.tail_policy == "drop" and not kept and dropped <= len(tail_roots):
-            return
-        raise RuntimeError(
-            f"the coordinator suspended episodes of groups {sorted(tail_roots)}, but at the end of the last drive "
-            f"the controller kept {sorted(kept)} and dropped {dropped} incomplete group(s) "
-            f"(tail_policy={self.tail_policy!r}): an episode would be lost or trained twice"
-        )
+        self._drive_start_gen_id, self._dropped_seen = ctl.next_gen_id, ctl.dropped
+        accounted = completed + len(tail_roots) == len(self._drive_roots) and tail_roots <= self._drive_roots
+        if self.tail_policy == "carry":
+            accounted = accounted and kept <= tail_roots and not dropped
+        else:
+            accounted = accounted and not kept and dropped <= len(tail_roots)
+        if not accounted:
+            raise RuntimeError(
+                f"the last drive had {len(self._drive_roots)} group(s): {completed} completed and the coordinator "
+                f"suspended episodes of {sorted(tail_roots)}, while the controller kept {sorted(kept)} and dropped "
+                f"{dropped} incomplete group(s) (tail_policy={self.tail_policy!r}): an episode would be lost or "
+                "trained twice"
+            )
 
     def _new_group(self, record: dict[str, Any]) -> list[EpisodeRequest]:
         index, n = self.next_root, self.num_generations
