@@ -237,6 +237,7 @@ class AsyncRolloutStrategy(SingleDeviceStrategy):
                 max_staleness=self.max_staleness,
                 max_inflight=self.max_inflight,
                 seed=self.seed,
+                stall_timeout_s=self.generation_timeout_s,
                 extra_stats=lambda: {"rollout/worker_restarts": float(self.workers.restarts)},
             )
         else:

@@ -175,3 +175,10 @@ def test_state_dict_keeps_the_untrained_groups_and_a_resumed_loop_submits_them_f
     first_drive = coordinator.submits[0]
     assert [r.sample_id for r in first_drive[:4]] == ["g4/0", "g4/1", "g5/0", "g5/1"]
     assert [first_drive[0].record, first_drive[2].record] == prompts[1]  # replayed first, as new groups
+
+
+def test_a_step_where_no_group_completes_within_the_stall_timeout_raises():
+    loop, _, _ = make_loop(batches("long", "long"))
+    loop.stall_timeout_s = 0.05
+    with pytest.raises(TimeoutError, match="no agentic group completed for .* seems to hang"):
+        loop.next_batch()

@@ -96,6 +96,8 @@ class AgenticRolloutLoop:
         max_staleness / max_inflight: the staleness contract (see the module docstring).
         seed: base seed of the episodes (sibling ``k`` of group ``g``: ``seed + g * n + k``).
         poll_interval_s: wait between polls while a step waits for groups.
+        stall_timeout_s: a step that sees no group complete for this long raises ``TimeoutError``
+            (an environment step or a generation call hangs); None = wait forever.
         extra_stats: more per-step figures for the batch's ``stats`` (e.g. worker restarts).
     """
 
@@ -111,6 +113,7 @@ class AgenticRolloutLoop:
         max_inflight: int,
         seed: int = 0,
         poll_interval_s: float = 0.02,
+        stall_timeout_s: float | None = None,
         extra_stats: Callable[[], dict[str, float]] | None = None,
     ) -> None:
         self.prompts = prompts
@@ -123,6 +126,7 @@ class AgenticRolloutLoop:
         self.steps_ahead = max_inflight if max_staleness > 0 else 1
         self.seed = seed
         self.poll_interval_s = poll_interval_s
+        self.stall_timeout_s = stall_timeout_s
         self.extra_stats = extra_stats
         self.tail_policy = controller.tail_policy
         # position in the prompt stream
@@ -151,6 +155,7 @@ class AgenticRolloutLoop:
         self._drive_start_gen_id = controller.next_gen_id  # the controller's counts when it began
         self._dropped_seen = controller.dropped
         self.blocked_s = 0.0  # time the trainer waited on episodes since the last batch
+        self._last_progress = time.monotonic()  # when a group last completed (or the step began)
 
     # -- the prompt stream (as RolloutLoop's: replay first, one endless epoch) ---------------------
     def _next_records(self) -> list[dict[str, Any]]:
@@ -185,6 +190,7 @@ class AgenticRolloutLoop:
     def next_batch(self) -> Any:
         """Run one RL step of the agentic rollout policy and return the batch to train on."""
         ctl = self.controller
+        self._last_progress = time.monotonic()
         while True:
             if not ctl.drive_live:  # the last drive drained, or a sync quiesced it: refill
                 self._submit()
@@ -260,10 +266,18 @@ class AgenticRolloutLoop:
 
     def _poll(self) -> None:
         start = time.perf_counter()
-        self.controller.poll()
+        if self.controller.poll():
+            self._last_progress = time.monotonic()
         self.blocked_s += time.perf_counter() - start
 
     def _wait(self) -> None:
+        stalled = time.monotonic() - self._last_progress
+        if self.stall_timeout_s is not None and stalled > self.stall_timeout_s:
+            raise TimeoutError(
+                f"no agentic group completed for {stalled:.0f} s (stall_timeout_s={self.stall_timeout_s:.0f}, "
+                f"the strategy's generation_timeout_s) with {self.controller.pending_groups} group(s) partly "
+                "done: an environment step or a generation call seems to hang"
+            )
         time.sleep(self.poll_interval_s)
         self.blocked_s += self.poll_interval_s
 

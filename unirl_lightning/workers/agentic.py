@@ -16,7 +16,8 @@ deadline.
   the conjunction keeps the contract); ``abort`` aborts every worker in parallel and remembers the
   episodes they suspended (``suspended()``, cleared by the next ``submit``).
 * An environment crash re-raises the worker's :class:`~unirl_lightning.envs.EnvStepError` itself
-  (not Ray's wrapper), naming the environment and the record. A worker that misses a deadline
+  (not Ray's wrapper), naming the environment and the record; so does an engine without
+  ``generate_ids`` (``NotImplementedError`` naming it). A worker that misses a deadline
   raises ``TimeoutError`` naming the call; a dead worker ``RuntimeError`` (agentic episodes are not
   relaunched on a replacement worker).
 """
@@ -120,7 +121,9 @@ class WorkerEpisodeCoordinator:
                 f"on a replacement worker ({type(exc).__name__}: {exc})"
             ) from exc
         except ray.exceptions.RayTaskError as exc:
-            if isinstance(exc.cause, EnvStepError):  # the environment's own error, not Ray's wrapper
+            if isinstance(
+                exc.cause, (EnvStepError, NotImplementedError)
+            ):  # the error itself, not Ray's wrapper
                 raise exc.cause from None
             raise
 
