@@ -24,6 +24,11 @@ Contract:
   diffusion rollout).
   A reward that raises fails the call with :class:`~unirl_lightning.rewards.RewardError`, which
   names the reward and the prompt.
+* Agentic episodes: ``RolloutWorker.agentic_submit`` / ``agentic_poll`` /
+  ``agentic_finalize_if_drained`` / ``agentic_abort`` run an
+  :class:`~unirl_lightning.envs.coordinator.EpisodeCoordinator` in a thread of the worker (the
+  driver reaches them through :mod:`unirl_lightning.workers.agentic`); ``load_weights`` refuses
+  while its drive is live.
 * :meth:`RolloutWorkerGroup.shutdown` kills every actor; it runs on normal exit, on error and on
   Ctrl-C (the strategy calls it), and at interpreter exit as a last resort.
 """
@@ -111,6 +116,7 @@ class RolloutWorker:
         self.reward = reward
         self.worker_index = worker_index
         self.coordinator: Any = None  # the agentic EpisodeCoordinator, built by the first agentic_submit
+        self._coordinator_settings: Any = None
 
     def generate(self, request: RolloutRequest) -> dict[str, Any]:
         from unirl_lightning.rewards import score_batch
