@@ -17,6 +17,7 @@ _EXPORTS = {
     # the strategy and the modules
     "AsyncRolloutStrategy": "unirl_lightning.strategy",
     "GRPOModule": "unirl_lightning.modules",
+    "AgenticGRPOModule": "unirl_lightning.modules",
     "PPOModule": "unirl_lightning.modules",
     "FlowGRPOModule": "unirl_lightning.modules",
     "PolicyGradientModule": "unirl_lightning.modules",

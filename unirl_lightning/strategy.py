@@ -11,7 +11,9 @@ the rollout workers (Ray actors running the engine), the driver-side
 :class:`~unirl_lightning.rollout.controller.BatchRolloutController` (version ledger, buffers) and
 the weight-sync backend. For the training stage only it replaces the prompt dataloader with a
 :class:`~unirl_lightning.rollout.loop.RolloutLoop` through ``process_dataloader``, so
-``training_step`` receives the module's batches. Its rollout state (the loop's position and the
+``training_step`` receives the module's batches. A module whose rollout spec is agentic gets an
+:class:`~unirl_lightning.rollout.agentic.AgenticRolloutController` over the workers' episode
+coordinators and an :class:`~unirl_lightning.rollout.agentic_loop.AgenticRolloutLoop` instead. Its rollout state (the loop's position and the
 version ledger) goes into every checkpoint through ``save_checkpoint`` / ``load_checkpoint``.
 
 Guarantees: ``max_staleness=0, max_inflight=1`` is synchronous on-policy training; no trained
@@ -48,6 +50,7 @@ from lightning.pytorch.strategies import DDPStrategy, SingleDeviceStrategy, Stra
 
 from unirl_lightning.checks import require_at_least, require_choice, require_positive
 from unirl_lightning.engines import EngineConfig, EngineName, check_engine_name, resolve_engine
+from unirl_lightning.rollout.agentic_loop import AgenticRolloutLoop
 from unirl_lightning.rollout.controller import BatchRolloutController
 from unirl_lightning.rollout.loop import PendingBatch, RolloutLoop
 from unirl_lightning.rollout.types import RolloutRequest
@@ -139,8 +142,9 @@ class RolloutStrategyMixin:
         self.max_worker_restarts = int(max_worker_restarts)
         self.sync_interval: int | None = None  # handed over by WeightSyncCallback.setup
         self.workers: Any = None
-        self.controller: BatchRolloutController | None = None
-        self.loop: RolloutLoop | None = None
+        self.controller: Any = None  # BatchRolloutController, or AgenticRolloutController for agentic modules
+        self.episodes: Any = None  # the agentic coordinator over the workers (agentic modules only)
+        self.loop: RolloutLoop | AgenticRolloutLoop | None = None
         self._loop_state: dict[str, Any] | None = None
         self.last_sync: dict[str, float] = {}
 
@@ -211,12 +215,19 @@ class RolloutStrategyMixin:
         )
         self.workers.on_restart = self._push_to_replacement
         state = self._loop_state or {}
-        self.controller = BatchRolloutController(
-            self.workers.generate,
-            complete=self._complete,
-            start_gen_id=state.get("next_gen_id", 0),
-            start_weight_version=state.get("weight_version", 0),
-        )
+        if spec.agentic is not None:  # multi-turn episodes: a coordinator inside each worker drives them
+            from unirl_lightning.workers.agentic import agentic_controller
+
+            self.episodes, self.controller = agentic_controller(
+                self.workers, spec, state, self.generation_timeout_s
+            )
+        else:
+            self.controller = BatchRolloutController(
+                self.workers.generate,
+                complete=self._complete,
+                start_gen_id=state.get("next_gen_id", 0),
+                start_weight_version=state.get("weight_version", 0),
+            )
         # the workers start from the trainer's weights, at the current version (no bump)
         self.weight_sync.push(module.policy, self.workers, self.controller.weight_version)
 
@@ -251,17 +262,31 @@ class RolloutStrategyMixin:
                 gen_id=gen_id,
             )
 
-        self.loop = RolloutLoop(
-            dataloader,
-            self.controller,
-            collate=spec.collate,
-            build_request=build_request,
-            max_staleness=self.max_staleness,
-            max_inflight=self.max_inflight,
-            sync_interval=self.sync_interval,
-            order=spec.order,
-            extra_stats=lambda: {"rollout/worker_restarts": float(self.workers.restarts)},
-        )
+        if spec.agentic is not None:  # multi-turn episodes: the agentic loop (refill, poll, drain, finalize)
+            self.loop = AgenticRolloutLoop(
+                dataloader,
+                self.controller,
+                self.episodes,
+                collate=spec.collate,
+                num_generations=spec.num_generations,
+                max_staleness=self.max_staleness,
+                max_inflight=self.max_inflight,
+                seed=self.seed,
+                stall_timeout_s=self.generation_timeout_s,
+                extra_stats=lambda: {"rollout/worker_restarts": float(self.workers.restarts)},
+            )
+        else:
+            self.loop = RolloutLoop(
+                dataloader,
+                self.controller,
+                collate=spec.collate,
+                build_request=build_request,
+                max_staleness=self.max_staleness,
+                max_inflight=self.max_inflight,
+                sync_interval=self.sync_interval,
+                order=spec.order,
+                extra_stats=lambda: {"rollout/worker_restarts": float(self.workers.restarts)},
+            )
         if self._loop_state is not None:
             self.loop.load_loop_state(self._loop_state)
             self._loop_state = None
@@ -351,7 +376,8 @@ class RolloutStrategyMixin:
                 )
             state = state["ranks"][self.global_rank]
         self._loop_state = dict(state)
-        if self.controller is not None and self.controller.inflight == 0 and self.controller.buffered == 0:
+        live = isinstance(self.controller, BatchRolloutController)  # (agentic: adopted at the next setup)
+        if live and self.controller.inflight == 0 and self.controller.buffered == 0:
             # a live controller adopts the checkpoint's ledger so that stamps stay comparable
             self.controller = BatchRolloutController(
                 self.workers.generate,

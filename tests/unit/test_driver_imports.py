@@ -17,7 +17,11 @@ from pathlib import Path
 import pytest
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-DRIVER_MODULES = ["unirl_lightning.rollout.controller", "unirl_lightning.rollout.agentic"]
+DRIVER_MODULES = [
+    "unirl_lightning.rollout.controller",
+    "unirl_lightning.rollout.agentic",
+    "unirl_lightning.rollout.agentic_loop",
+]
 HEAVY_PACKAGES = ["torch", "ray"]
 
 

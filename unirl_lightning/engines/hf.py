@@ -18,7 +18,7 @@ import torch
 from unirl_lightning.engines.base import EngineConfig, engine_device, make_group, trim_at_stop
 from unirl_lightning.lora import LLM_LORA_TARGETS, LoraSpec, apply_lora, effective_weights, load_named_weights
 from unirl_lightning.models import PolicySpec
-from unirl_lightning.rollout.types import Rollout, RolloutRequest
+from unirl_lightning.rollout.types import FinishReason, Rollout, RolloutRequest, SamplingParams
 
 log = logging.getLogger(__name__)
 
@@ -102,12 +102,34 @@ class HFEngine:
 
     def _sample(self, prompts: list[list[int]], request: RolloutRequest, seed: int | None):
         """``request.n`` samples of each prompt: ``[(completion_ids, logprobs, finish_reason), ...]`` per prompt."""
-        sampling, tok = request.sampling, self.tokenizer
+        rows = [ids for ids in prompts for _ in range(request.n)]
+        flat = self.generate_ids(rows, request.sampling, seed)
+        return [flat[i * request.n : (i + 1) * request.n] for i in range(len(prompts))]
+
+    @torch.no_grad()
+    def generate_ids(
+        self, prompt_ids: list[list[int]], sampling: SamplingParams, seed: int | None = None
+    ) -> list[tuple[list[int], list[float], FinishReason]]:
+        """The token-level entry point: one sample per row of ``prompt_ids`` (token ids, any lengths).
+
+        Returns ``(completion_ids, logprobs, finish_reason)`` per row, log-probs as in the module
+        docstring. Rows are sampled in calls of at most ``max_batch_size`` (the ``k``-th call seeded
+        with ``seed + k * max_batch_size``). The agentic coordinator calls it once per turn with the
+        whole context of every live episode, so earlier turns are never re-tokenized.
+        """
+        size = self.config.max_batch_size
+        samples = []
+        for start in range(0, len(prompt_ids), size):
+            chunk_seed = None if seed is None else seed + start
+            samples.extend(self._generate_rows(prompt_ids[start : start + size], sampling, chunk_seed))
+        return samples
+
+    def _generate_rows(self, prompts: list[list[int]], sampling: SamplingParams, seed: int | None):
+        tok = self.tokenizer
         width = max(len(ids) for ids in prompts)  # left-pad to one width
         input_ids = torch.tensor([[tok.pad_token_id] * (width - len(ids)) + ids for ids in prompts])
         attention_mask = torch.tensor([[0] * (width - len(ids)) + [1] * len(ids) for ids in prompts])
-        input_ids = input_ids.repeat_interleave(request.n, dim=0).to(self.device)
-        attention_mask = attention_mask.repeat_interleave(request.n, dim=0).to(self.device)
+        input_ids, attention_mask = input_ids.to(self.device), attention_mask.to(self.device)
         greedy = sampling.temperature == 0
         if seed is not None:
             torch.manual_seed(seed)
@@ -130,15 +152,12 @@ class HFEngine:
         logps = torch.log_softmax(logits, dim=-1).gather(-1, new_tokens.unsqueeze(-1)).squeeze(-1)
         new_tokens, logps = new_tokens.tolist(), logps.cpu()
         samples = []
-        for i in range(len(prompts)):
-            group = []
-            for row in range(i * request.n, (i + 1) * request.n):
-                # rows stop at a stop token, a stop string or the limit; the padding after a stop goes
-                completion, finish = trim_at_stop(new_tokens[row], self.stop_ids)
-                if finish == "length" and sampling.stop and completion[-1] == tok.pad_token_id:
-                    while completion and completion[-1] == tok.pad_token_id:  # ended by a stop string
-                        completion.pop()
-                    finish = "stop"
-                group.append((completion, logps[row, : len(completion)].tolist(), finish))
-            samples.append(group)
+        for row in range(len(prompts)):
+            # rows stop at a stop token, a stop string or the limit; the padding after a stop goes
+            completion, finish = trim_at_stop(new_tokens[row], self.stop_ids)
+            if finish == "length" and sampling.stop and completion[-1] == tok.pad_token_id:
+                while completion and completion[-1] == tok.pad_token_id:  # ended by a stop string
+                    completion.pop()
+                finish = "stop"
+            samples.append((completion, logps[row, : len(completion)].tolist(), finish))
         return samples

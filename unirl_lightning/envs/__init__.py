@@ -7,6 +7,10 @@ object running one episode at a time: ``reset(record, seed) -> observation``, th
 report a crashing environment as :class:`EnvStepError`. A user's environment plugs in by class path
 (:func:`resolve_environment` -> :class:`EnvSpec`, one ``build()`` per episode).
 
+Coordinator (:mod:`unirl_lightning.envs.coordinator`): :class:`EpisodeCoordinator` plays many
+episodes at once inside a rollout worker, one generation call per turn for all of them, and keeps
+every turn's token ids, behaviour log-probs and a loss mask (1 on model tokens, 0 on observations).
+
 Built-ins: :class:`CalculatorEnv` (a safe arithmetic tool, math-verify on the final answer) and
 :class:`GuessingGameEnv` (higher/lower), each with a ``compact`` syntax for the tiny
 character-level model and a record generator with disjoint train / held-out splits.
@@ -33,6 +37,7 @@ from unirl_lightning.envs.calculator import (
     parse_calculator_turn,
     safe_eval,
 )
+from unirl_lightning.envs.coordinator import EpisodeCoordinator, EpisodeRequest, OnEnvError
 from unirl_lightning.envs.guessing import GuessingGameEnv, guessing_records, parse_guess
 from unirl_lightning.envs.spec import EnvSpec, import_environment_class, resolve_environment
 
@@ -43,9 +48,12 @@ __all__ = [
     "EnvStepError",
     "Environment",
     "Episode",
+    "EpisodeCoordinator",
+    "EpisodeRequest",
     "EpisodeStateError",
     "GuessingGameEnv",
     "Observation",
+    "OnEnvError",
     "Split",
     "StepResult",
     "calculator_records",

@@ -35,6 +35,7 @@ from unirl_lightning.callbacks import (
     WeightVersionLogger,
 )
 from unirl_lightning.checks import require_at_least
+from unirl_lightning.rollout.agentic_loop import AgenticSpec
 from unirl_lightning.rollout.loop import RolloutOrder
 from unirl_lightning.rollout.types import PolicyFamily
 
@@ -55,6 +56,9 @@ class RolloutSpec:
         order: ``"launch_first"`` or ``"poll_first"`` (see :mod:`unirl_lightning.rollout.loop`).
         max_inflight: the most requests this module allows in flight (None = no limit), and
             ``max_inflight_reason`` why; the strategy refuses a larger ``max_inflight``.
+        agentic: multi-turn episodes (:class:`~unirl_lightning.rollout.agentic_loop.AgenticSpec`:
+            environment, tail policy, environment errors); the strategy then drives an
+            :class:`~unirl_lightning.rollout.agentic_loop.AgenticRolloutLoop`. None = single-turn.
     """
 
     policy: Any
@@ -67,6 +71,7 @@ class RolloutSpec:
     order: RolloutOrder = "launch_first"
     max_inflight: int | None = None
     max_inflight_reason: str = ""
+    agentic: AgenticSpec | None = None
 
 
 class RLModule(LightningModule):

@@ -97,12 +97,19 @@ class Rollout:
     group_id: int = 0  # index of the prompt record in the request the engine served
     gen_id: int = -1
     weight_version: int = -1
+    # 1 = a model token (trained), 0 = a tool/environment token (context only); None = all trained
+    loss_mask: list[int] | None = None
 
     def __post_init__(self) -> None:
         if len(self.logprobs) != len(self.completion_ids):
             raise ValueError(
                 f"a Rollout needs one log-prob per completion token: {len(self.completion_ids)} tokens, "
                 f"{len(self.logprobs)} log-probs"
+            )
+        if self.loss_mask is not None and len(self.loss_mask) != len(self.completion_ids):
+            raise ValueError(
+                f"a Rollout's loss_mask needs one entry per completion token: {len(self.completion_ids)} "
+                f"tokens, {len(self.loss_mask)} mask entries"
             )
 
     @property
@@ -112,12 +119,32 @@ class Rollout:
 
 
 @dataclass
+class AgenticRollout(Rollout):
+    """One multi-turn episode as one trained sequence (built by the agentic coordinator in a worker).
+
+    ``prompt_ids`` is the initial observation; ``completion_ids`` every later token in order (model
+    turns and the observations between them), ``loss_mask`` 1 on model tokens and 0 on observation
+    tokens, ``logprobs`` the behaviour log-prob of each model token (0 on observation tokens).
+    ``reward`` is the episode's return; ``text`` the decoded episode after the prompt.
+    """
+
+    sample_id: str = ""  # "root/k": the k-th sibling of the group ``root`` (one prompt record)
+    num_turns: int = 0  # model turns played
+    tool_calls: int = 0  # the environment's ``info["tool_calls"]`` at the last step (0 if it has none)
+    turn_versions: list[int] = field(default_factory=list)  # engine weight version of each model turn
+    truncated: bool = False  # ended by the turn limit
+    env_error: str | None = None  # the EnvStepError message when the environment crashed (never trained)
+    generate_s: float = 0.0  # this episode's share of the generation calls' time
+
+
+@dataclass
 class ExperienceBatch:
     """Padded tensors for one training step, ``num_groups * group_size`` rows, prompt + completion.
 
     Row ``i`` holds ``prompt_ids + completion_ids`` right-padded to the longest row. ``response_mask``
-    marks completion tokens (the positions a loss is taken over); ``rollout_logprobs`` is aligned
-    with ``input_ids`` (zero outside the completion). Rows are ordered group by group.
+    marks the completion tokens a loss is taken over (all of them, or those with ``loss_mask`` 1:
+    a multi-turn episode's model tokens, not its tool/environment tokens); ``rollout_logprobs`` is
+    aligned with ``input_ids`` (zero outside the completion). Rows are ordered group by group.
     """
 
     input_ids: torch.Tensor  # [N, L] long
@@ -168,7 +195,7 @@ class ExperienceBatch:
             p, c = len(r.prompt_ids), len(r.completion_ids)
             input_ids[i, : p + c] = torch.tensor(r.prompt_ids + r.completion_ids, dtype=torch.long)
             attention_mask[i, : p + c] = 1
-            response_mask[i, p : p + c] = 1.0
+            response_mask[i, p : p + c] = 1.0 if r.loss_mask is None else torch.tensor(r.loss_mask)
             rollout_logprobs[i, p : p + c] = torch.tensor(r.logprobs, dtype=torch.float32)
         lengths = [len(r.completion_ids) for r in rows]
         return cls(

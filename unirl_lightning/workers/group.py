@@ -24,6 +24,11 @@ Contract:
   diffusion rollout).
   A reward that raises fails the call with :class:`~unirl_lightning.rewards.RewardError`, which
   names the reward and the prompt.
+* Agentic episodes: ``RolloutWorker.agentic_submit`` / ``agentic_poll`` /
+  ``agentic_finalize_if_drained`` / ``agentic_abort`` run an
+  :class:`~unirl_lightning.envs.coordinator.EpisodeCoordinator` in a thread of the worker (the
+  driver reaches them through :mod:`unirl_lightning.workers.agentic`); ``load_weights`` refuses
+  while its drive is live.
 * :meth:`RolloutWorkerGroup.shutdown` kills every actor; it runs on normal exit, on error and on
   Ctrl-C (the strategy calls it), and at interpreter exit as a last resort.
 """
@@ -111,6 +116,8 @@ class RolloutWorker:
         self.engine = engine_config.build(policy, lora)
         self.reward = reward
         self.worker_index = worker_index
+        self.coordinator: Any = None  # the agentic EpisodeCoordinator, built by the first agentic_submit
+        self._coordinator_settings: Any = None
 
     def generate(self, request: RolloutRequest) -> dict[str, Any]:
         from unirl_lightning.rewards import score_batch
@@ -131,6 +138,11 @@ class RolloutWorker:
         }
 
     def load_weights(self, named_tensors: Any, weight_version: int) -> int:
+        if self.coordinator is not None and self.coordinator.drive_live:
+            raise RuntimeError(
+                f"load_weights(weight_version={weight_version}) refused: an agentic drive is live in rollout "
+                f"worker {self.worker_index}; quiesce (abort) it first so no episode turn straddles two versions"
+            )
         if isinstance(named_tensors, dict):
             named_tensors = named_tensors.items()
         self.engine.load_weights(named_tensors, weight_version)
@@ -153,7 +165,34 @@ class RolloutWorker:
         self.engine.wake()
 
     def close(self) -> None:
+        if self.coordinator is not None:
+            self.coordinator.close()
         self.engine.close()
+
+    # -- agentic episodes: the coordinator contract of rollout/agentic.py, driven in a thread here --
+    def agentic_submit(self, env: Any, sampling: Any, on_env_error: str, requests: list[Any]) -> None:
+        """Start a drive of ``requests`` (:class:`~unirl_lightning.envs.coordinator.EpisodeRequest`)."""
+        from unirl_lightning.envs.coordinator import EpisodeCoordinator
+
+        settings = (env, sampling, on_env_error)
+        if self.coordinator is None or self._coordinator_settings != settings:
+            if self.coordinator is not None:
+                self.coordinator.close()
+            self.coordinator = EpisodeCoordinator(self.engine, env, sampling, on_env_error)
+            self._coordinator_settings = settings
+        self.coordinator.submit(requests)
+
+    def agentic_poll(self) -> list[Any]:
+        return [] if self.coordinator is None else self.coordinator.poll()
+
+    def agentic_finalize_if_drained(self) -> bool:
+        return self.coordinator is None or self.coordinator.finalize_if_drained()
+
+    def agentic_abort(self) -> tuple[list[Any], list[str]]:
+        """The samples finished during the abort, and the ids of the episodes it suspended."""
+        if self.coordinator is None:
+            return [], []
+        return self.coordinator.abort(), self.coordinator.suspended()
 
 
 @dataclass

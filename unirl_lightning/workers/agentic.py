@@ -1,0 +1,147 @@
+"""The driver's handle on the episode coordinators inside the rollout workers.
+
+:class:`WorkerEpisodeCoordinator` implements the coordinator contract of
+:mod:`unirl_lightning.rollout.agentic` (plus ``suspended()``, see
+:class:`~unirl_lightning.rollout.agentic_loop.SuspendingCoordinator`) over a
+:class:`~unirl_lightning.workers.group.RolloutWorkerGroup`: every verb is one Ray call per worker,
+answered by that worker's :class:`~unirl_lightning.envs.coordinator.EpisodeCoordinator`, with a
+deadline.
+
+* ``submit`` routes each episode to a worker by its group (a stable hash of the root), so the
+  siblings of a group, and a suspended episode and its resumption, always meet the same worker;
+  every worker gets a (possibly empty) drive, so each one discards the suspended episodes the
+  drive does not resume.
+* ``poll`` gathers every worker's finished episodes; ``finalize_if_drained`` is True once every
+  worker's is (each worker's answer is atomic, and a worker that answered True stays drained, so
+  the conjunction keeps the contract); ``abort`` aborts every worker in parallel and remembers the
+  episodes they suspended (``suspended()``, cleared by the next ``submit``).
+* An environment crash re-raises the worker's :class:`~unirl_lightning.envs.EnvStepError` itself
+  (not Ray's wrapper), naming the environment and the record; so does an engine without
+  ``generate_ids`` (``NotImplementedError`` naming it). A worker that misses a deadline
+  raises ``TimeoutError`` naming the call; a dead worker ``RuntimeError`` (agentic episodes are not
+  relaunched on a replacement worker).
+"""
+
+from __future__ import annotations
+
+import zlib
+from typing import Any
+
+import ray
+
+from unirl_lightning.envs.base import EnvStepError
+from unirl_lightning.envs.coordinator import EpisodeRequest
+from unirl_lightning.rollout.agentic import AgenticRolloutController, root_of
+
+__all__ = ["WorkerEpisodeCoordinator", "agentic_controller"]
+
+
+class WorkerEpisodeCoordinator:
+    """The agentic coordinator contract over the workers' episode coordinators (Ray calls with deadlines).
+
+    Args:
+        workers: the rollout worker group (its ``workers`` list is read at every call).
+        env: the environment spec the workers build episodes from.
+        sampling: the per-turn sampling parameters.
+        on_env_error: ``"raise"`` or ``"drop"`` (see :mod:`unirl_lightning.envs.coordinator`).
+        call_timeout_s: deadline of ``submit`` / ``poll`` / ``finalize_if_drained`` (they do not wait
+            for generation).
+        abort_timeout_s: deadline of ``abort``, which waits for the turn in progress.
+
+    Example::
+
+        coordinator = WorkerEpisodeCoordinator(group, env_spec, SamplingParams(max_new_tokens=4))
+        controller = AgenticRolloutController(coordinator, group_size=8, tail_policy="carry")
+    """
+
+    def __init__(
+        self,
+        workers: Any,
+        env: Any,
+        sampling: Any,
+        on_env_error: str = "raise",
+        call_timeout_s: float = 120.0,
+        abort_timeout_s: float = 600.0,
+    ) -> None:
+        self.workers = workers
+        self.env = env
+        self.sampling = sampling
+        self.on_env_error = on_env_error
+        self.call_timeout_s = call_timeout_s
+        self.abort_timeout_s = abort_timeout_s
+        self._suspended: list[str] = []
+
+    def worker_of(self, sample_id: str) -> int:
+        """The worker that plays ``sample_id`` (all siblings of a group on one worker)."""
+        return zlib.crc32(root_of(sample_id).encode()) % len(self.workers.workers)
+
+    def submit(self, requests: list[EpisodeRequest]) -> None:
+        parts: list[list[EpisodeRequest]] = [[] for _ in self.workers.workers]
+        for request in requests:
+            parts[self.worker_of(request.sample_id)].append(request)
+        self._suspended = []
+        self._gather(
+            "agentic_submit",
+            [(self.env, self.sampling, self.on_env_error, part) for part in parts],
+            self.call_timeout_s,
+        )
+
+    def poll(self) -> list[Any]:
+        answers = self._gather("agentic_poll", [()] * len(self.workers.workers), self.call_timeout_s)
+        return [sample for answer in answers for sample in answer]
+
+    def finalize_if_drained(self) -> bool:
+        answers = self._gather(
+            "agentic_finalize_if_drained", [()] * len(self.workers.workers), self.call_timeout_s
+        )
+        return all(answers)
+
+    def abort(self) -> list[Any]:
+        answers = self._gather("agentic_abort", [()] * len(self.workers.workers), self.abort_timeout_s)
+        self._suspended = [sample_id for _, suspended in answers for sample_id in suspended]
+        return [sample for finished, _ in answers for sample in finished]
+
+    def suspended(self) -> list[str]:
+        """Sample ids of the episodes the last ``abort`` suspended (empty after a ``submit``)."""
+        return list(self._suspended)
+
+    def _gather(self, method: str, args: list[tuple[Any, ...]], timeout_s: float) -> list[Any]:
+        actors = list(self.workers.workers)
+        refs = [getattr(actor, method).remote(*arg) for actor, arg in zip(actors, args)]
+        try:
+            return ray.get(refs, timeout=timeout_s)
+        except ray.exceptions.GetTimeoutError as exc:
+            raise TimeoutError(
+                f"rollout workers did not answer {method}() within {timeout_s:.0f} s (an environment step or a "
+                "generation call may hang)"
+            ) from exc
+        except ray.exceptions.RayActorError as exc:
+            raise RuntimeError(
+                f"a rollout worker died during {method}(): its agentic episodes are lost and are not relaunched "
+                f"on a replacement worker ({type(exc).__name__}: {exc})"
+            ) from exc
+        except ray.exceptions.RayTaskError as exc:
+            if isinstance(
+                exc.cause, (EnvStepError, NotImplementedError)
+            ):  # the error itself, not Ray's wrapper
+                raise exc.cause from None
+            raise
+
+
+def agentic_controller(
+    workers: Any, spec: Any, state: dict[str, Any], abort_timeout_s: float
+) -> tuple[WorkerEpisodeCoordinator, AgenticRolloutController]:
+    """The coordinator over ``workers`` for a module's rollout ``spec`` (``spec.agentic`` set) and the
+    controller that drives it, resuming the version ledger of a checkpoint's loop ``state``."""
+    agentic = spec.agentic
+    coordinator = WorkerEpisodeCoordinator(
+        workers, agentic.env, spec.sampling, agentic.on_env_error, abort_timeout_s=abort_timeout_s
+    )
+    controller = AgenticRolloutController(
+        coordinator,
+        spec.num_generations,
+        agentic.tail_policy,
+        start_gen_id=state.get("next_gen_id", 0),
+        start_weight_version=state.get("weight_version", 0),
+    )
+    return coordinator, controller
