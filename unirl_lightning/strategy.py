@@ -271,7 +271,7 @@ class RolloutStrategyMixin:
                 num_generations=spec.num_generations,
                 max_staleness=self.max_staleness,
                 max_inflight=self.max_inflight,
-                seed=self.seed,
+                seed=rank_seed,
                 stall_timeout_s=self.generation_timeout_s,
                 extra_stats=lambda: {"rollout/worker_restarts": float(self.workers.restarts)},
             )

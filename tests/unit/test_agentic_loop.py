@@ -167,10 +167,10 @@ def test_state_dict_keeps_the_untrained_groups_and_a_resumed_loop_submits_them_f
     loop, controller, _ = make_loop(prompts)
     loop.next_batch()
     sync(controller)  # g2, g3 interrupted: not trained yet
-    state = loop.state_dict()
+    state = loop.loop_state()
     assert state["untrained"] == prompts[1] and state["steps"] == 1 and state["next_root"] == 4
     resumed, _, coordinator = make_loop(prompts)
-    resumed.load_state_dict(state)
+    resumed.load_loop_state(state)
     assert roots(resumed.next_batch()) == ["g6", "g7"]  # the short batch that follows in the stream
     first_drive = coordinator.submits[0]
     assert [r.sample_id for r in first_drive[:4]] == ["g4/0", "g4/1", "g5/0", "g5/1"]

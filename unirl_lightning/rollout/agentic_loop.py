@@ -351,7 +351,8 @@ class AgenticRolloutLoop:
         return batch
 
     # -- checkpointing ------------------------------------------------------------------------------
-    def state_dict(self) -> dict[str, Any]:
+    # loop_state, not state_dict: Lightning would take the loop for a stateful dataloader (see RolloutLoop)
+    def loop_state(self) -> dict[str, Any]:
         """Plain Python types only. The records of the groups submitted but not yet trained (nor
         evicted, dropped or failed) are saved by value: a resume submits them first, as new groups."""
         return {
@@ -369,7 +370,7 @@ class AgenticRolloutLoop:
             "env_errors": self.env_errors,
         }
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
+    def load_loop_state(self, state: dict[str, Any]) -> None:
         self.steps = state["steps"]
         self.prompt_batches_used = state["prompt_batches_used"]
         self.prompt_epoch = state["prompt_epoch"]
