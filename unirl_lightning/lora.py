@@ -83,8 +83,7 @@ def load_named_weights(
         if result.unexpected_keys:
             raise KeyError(f"adapter weights {result.unexpected_keys[:3]} are not in the engine's adapter")
         return
-    params = dict(model.named_parameters())
-    params.update(dict(model.named_buffers()))
+    params = model.state_dict(keep_vars=True)  # every name, tied aliases included
     with torch.no_grad():
         for name, tensor in named.items():
             if name not in params:
