@@ -1,7 +1,8 @@
 """Rollout engines head to head: generation tokens/s and time per weight push, HF vs vLLM.
 
-Both engines run in this process on the same tiny Llama (the CPU recipe's size by default) and get the
-same GRPO-shaped requests: ``--prompts`` prompts x ``--n`` samples x ``--max-new-tokens`` tokens at
+Both engines run in this process on the same model — the real SmolLM2-135M-Instruct with its chat
+template (``--model smollm2``, the default; needs the real-model extra) or the tiny Llama of the CPU
+demo (``--model tiny``) — and get the same GRPO-shaped requests (word problems for SmolLM2): ``--prompts`` prompts x ``--n`` samples x ``--max-new-tokens`` tokens at
 temperature 1, seeded. After ``--warmup`` untimed requests, ``--repeats`` requests are timed; tokens/s
 counts the completion tokens actually generated (eos-terminated samples are shorter). Weight pushes
 are timed over ``--pushes`` calls of ``engine.load_weights``: full weights for both engines, and a
@@ -38,9 +39,13 @@ PROMPTS = ["1+2=", "3*4=", "7=", "12-5=", "9*9=", "4+4=", "0=", "8-3="]
 
 
 def requests(args, count: int, first_seed: int):
+    from unirl_lightning.data import make_task
     from unirl_lightning.rollout.types import RolloutRequest, SamplingParams
 
-    records = [{"prompt": PROMPTS[i % len(PROMPTS)]} for i in range(args.prompts)]
+    if args.model == "smollm2":
+        records = make_task("word_problems", args.prompts, seed=0, difficulty="easy")
+    else:
+        records = [{"prompt": PROMPTS[i % len(PROMPTS)]} for i in range(args.prompts)]
     sampling = SamplingParams(temperature=1.0, max_new_tokens=args.max_new_tokens)
     return [RolloutRequest(records, n=args.n, sampling=sampling, seed=first_seed + i) for i in range(count)]
 
@@ -97,20 +102,26 @@ def run(args) -> dict:
     import torch
 
     from unirl_lightning.engines.hf import HFEngineConfig
-    from unirl_lightning.models import TinyCausalLM
+    from unirl_lightning.models import PretrainedCausalLM, TinyCausalLM
     from unirl_lightning.weight_sync import named_weights
 
-    policy = TinyCausalLM(
-        hidden_size=args.hidden_size,
-        num_layers=args.num_layers,
-        num_heads=args.num_heads,
-        intermediate_size=2 * args.hidden_size,
-        max_position_embeddings=max(64, args.max_new_tokens + 16),
-    )
-    new_weights = named_weights(TinyCausalLM(**{**policy.__dict__, "seed": 1}).build()[0])
+    if args.model == "smollm2":
+        policy = PretrainedCausalLM("smollm2-135m-instruct", dtype="float32", chat=True)
+        new_weights = named_weights(policy.build()[0])  # a full push of the model's own size
+        description = {"name": "SmolLM2-135M-Instruct", "dtype": "float32", "chat": True}
+    else:
+        policy = TinyCausalLM(
+            hidden_size=args.hidden_size,
+            num_layers=args.num_layers,
+            num_heads=args.num_heads,
+            intermediate_size=2 * args.hidden_size,
+            max_position_embeddings=max(64, args.max_new_tokens + 16),
+        )
+        new_weights = named_weights(TinyCausalLM(**{**policy.__dict__, "seed": 1}).build()[0])
+        description = dict(policy.__dict__)
     threads = os.cpu_count() or 1
     record: dict = {
-        "model": {**policy.__dict__, "parameters": sum(t.numel() for t in new_weights.values())},
+        "model": {**description, "parameters": sum(t.numel() for t in new_weights.values())},
         "workload": {
             "prompts": args.prompts,
             "n": args.n,
@@ -125,7 +136,7 @@ def run(args) -> dict:
         "machine": platform.machine(),
     }
 
-    hf = HFEngineConfig(policy=policy, device="cpu", num_threads=threads).build()
+    hf = HFEngineConfig(device="cpu", num_threads=threads).build(policy)
     record["hf"] = {**time_generation(hf, args), **time_pushes(hf, new_weights, args.pushes)}
     del hf
 
@@ -138,7 +149,7 @@ def run(args) -> dict:
     from unirl_lightning.lora import LoraSpec
 
     start = time.perf_counter()
-    engine = VLLMEngineConfig(policy=policy).build()
+    engine = VLLMEngineConfig().build(policy)
     startup_s = time.perf_counter() - start
     record["vllm"] = {
         "version": vllm.__version__,
@@ -148,7 +159,7 @@ def run(args) -> dict:
     }
     engine.close()
     adapter = lora_adapter(policy, rank=8)
-    engine = VLLMEngineConfig(policy=policy, lora=LoraSpec(rank=8, alpha=16.0)).build()
+    engine = VLLMEngineConfig().build(policy, LoraSpec(rank=8, alpha=16.0))
     lora = time_pushes(engine, adapter, args.pushes)
     lora_gen = time_generation(engine, args)  # generation with the adapter active
     record["vllm_lora"] = {
@@ -165,6 +176,7 @@ def run(args) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", choices=["smollm2", "tiny"], default="smollm2", help="default smollm2")
     parser.add_argument("--prompts", type=int, default=16, help="prompts per request (default 16)")
     parser.add_argument("--n", type=int, default=8, help="samples per prompt (default 8)")
     parser.add_argument("--max-new-tokens", type=int, default=32, help="completion cap (default 32)")

@@ -33,9 +33,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch  # noqa: E402
 from lightning.pytorch import Callback, Trainer, seed_everything  # noqa: E402
 
-from unirl_lightning.callbacks import WeightSyncCallback, WeightVersionLogger  # noqa: E402
+from unirl_lightning.callbacks import (  # noqa: E402
+    SampleImageLogger,  # noqa: E402
+    WeightSyncCallback,
+    WeightVersionLogger,
+)
+from unirl_lightning.data import ImagePromptDataModule  # noqa: E402
 from unirl_lightning.models_diffusion import TinyFlowModel  # noqa: E402
-from unirl_lightning.modules.flow_grpo import FlowGRPOModule, ImagePromptDataModule  # noqa: E402
+from unirl_lightning.modules import FlowGRPOModule  # noqa: E402
 from unirl_lightning.strategy import AsyncRolloutStrategy  # noqa: E402
 
 RESULTS_PATH = Path(__file__).resolve().parent / "results" / "flow_grpo_throughput.json"
@@ -73,7 +78,7 @@ def run(args: argparse.Namespace, policy: TinyFlowModel, max_staleness: int) -> 
     trainer = Trainer(
         strategy=strategy,
         max_steps=args.steps,
-        callbacks=[WeightSyncCallback(), WeightVersionLogger(), clock],
+        callbacks=[WeightSyncCallback(), WeightVersionLogger(), clock, SampleImageLogger(num_images=0)],
         logger=False,
         enable_checkpointing=False,
         enable_progress_bar=False,
@@ -87,7 +92,6 @@ def run(args: argparse.Namespace, policy: TinyFlowModel, max_staleness: int) -> 
         timestep_fraction=args.timestep_fraction,
         lr=1e-3,
         clip_range=1e-3,
-        log_images=0,
     )
     try:
         trainer.fit(module, datamodule=ImagePromptDataModule(batch_size=args.batch_size))

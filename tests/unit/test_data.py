@@ -384,7 +384,6 @@ def test_builtin_val_defaults_to_same_task_with_another_seed_resampled():
     held_out = data.val_records()
     assert held_out == make_task("copy_first", num_prompts=6, seed=3 + VAL_SEED_OFFSET)
     assert held_out != make_task("copy_first", num_prompts=6, seed=3)
-    assert [len(batch) for batch in data.val_dataloader()] == [4, 2]  # validation keeps the partial batch
 
 
 @pytest.mark.parametrize(
@@ -450,7 +449,7 @@ def test_file_train_and_file_val_with_custom_keys(tmp_path):
 def test_file_train_without_val_has_no_held_out_records(tmp_path):
     train = write_jsonl(tmp_path / "train.jsonl", [{"prompt": "1=", "answer": "2"}] * 4)
     data = PromptDataModule(str(train), batch_size=2)
-    assert data.val_records() == [] and list(data.val_dataloader()) == []
+    assert data.val_records() == []
 
 
 @pytest.mark.parametrize("batch_size", [0, -3])

@@ -24,7 +24,7 @@ from typing import Any, Literal, get_args
 
 import torch
 from lightning.pytorch import LightningDataModule
-from torch.utils.data import DataLoader
+from torch.utils.data import DataLoader, DistributedSampler
 
 from unirl_lightning.data.tasks import BUILTIN_TASKS, Split, make_task
 
@@ -51,8 +51,18 @@ def collate_records(batch: list[dict]) -> list[dict]:
     return list(batch)
 
 
-def train_loader(records: list[dict], batch_size: int, shuffle: bool, seed: int) -> DataLoader:
-    """Full batches of records (the last partial batch is dropped), shuffled repeatably from ``seed``."""
+def train_loader(
+    records: list[dict], batch_size: int, shuffle: bool, seed: int, world_size: int = 1, rank: int = 0
+) -> DataLoader:
+    """Full batches of records (the last partial batch is dropped), shuffled repeatably from ``seed``;
+    with ``world_size > 1`` this rank's disjoint share of them (Lightning then keeps the sampler)."""
+    if world_size > 1:
+        sampler = DistributedSampler(
+            records, num_replicas=world_size, rank=rank, shuffle=shuffle, seed=seed, drop_last=True
+        )
+        return DataLoader(
+            records, batch_size=batch_size, sampler=sampler, drop_last=True, collate_fn=collate_records
+        )
     return DataLoader(
         records,
         batch_size=batch_size,
@@ -206,9 +216,11 @@ class PromptDataModule(LightningDataModule):
 
     ``train_dataloader()`` yields ``list[dict]`` batches of exactly ``batch_size`` records
     (the last partial batch of an epoch is dropped so every RL step sees the same number of
-    prompts; Lightning's ``max_steps`` ends training and epochs restart as needed).
-    ``val_dataloader()`` yields the held-out records in ``list[dict]`` batches of at most
-    ``batch_size``, in a fixed order; :meth:`val_records` returns them all at once.
+    prompts; Lightning's ``max_steps`` ends training and epochs restart as needed). With several
+    training ranks each rank gets its own disjoint share (a ``DistributedSampler`` that keeps
+    ``shuffle`` and ``seed``). :meth:`val_records` returns the held-out records, in a fixed order,
+    for ``RolloutEvalCallback`` (there is no ``val_dataloader``: RL modules have no validation
+    step; held-out evaluation runs on the rollout workers).
 
     For a built-in task, training records use ``seed`` and held-out records
     ``seed + VAL_SEED_OFFSET``, and ``held_out`` says how the two relate:
@@ -232,7 +244,7 @@ class PromptDataModule(LightningDataModule):
             (``digit_successor``, ``copy_first``, ``add_mod10``, ``word_problems``).
         val: Same for held-out records; ``None`` means the same built-in task with another seed
             (or nothing when ``train`` is a file).
-        batch_size: Prompts per training step (and per validation batch).
+        batch_size: Prompts per training step (per rank).
         num_train_prompts: Records generated for a built-in ``train`` task.
         num_val_prompts: Records generated for a built-in held-out task.
         prompt_key: File field holding the prompt; records are normalised to ``"prompt"``.
@@ -339,9 +351,7 @@ class PromptDataModule(LightningDataModule):
         return self._val_records  # type: ignore[return-value]
 
     def train_dataloader(self) -> DataLoader:
-        return train_loader(self.train_records(), self.batch_size, self.shuffle, self.seed)
-
-    def val_dataloader(self) -> DataLoader:
-        return DataLoader(
-            self.val_records(), batch_size=self.batch_size, shuffle=False, collate_fn=collate_records
-        )
+        trainer = self.trainer
+        world = trainer.world_size if trainer is not None else 1
+        rank = trainer.global_rank if trainer is not None else 0
+        return train_loader(self.train_records(), self.batch_size, self.shuffle, self.seed, world, rank)

@@ -14,7 +14,7 @@ from typing import Any, Literal
 from lightning.pytorch import LightningDataModule
 from torch.utils.data import DataLoader
 
-from unirl_lightning.data.datamodule import collate_records, train_loader
+from unirl_lightning.data.datamodule import train_loader
 from unirl_lightning.rewards import import_callable
 
 __all__ = ["EpisodeDataModule"]
@@ -99,8 +99,3 @@ class EpisodeDataModule(LightningDataModule):
 
     def train_dataloader(self) -> DataLoader:
         return train_loader(self.train_records(), self.batch_size, self.shuffle, self.seed)
-
-    def val_dataloader(self) -> DataLoader:
-        return DataLoader(
-            self.val_records(), batch_size=self.batch_size, shuffle=False, collate_fn=collate_records
-        )

@@ -112,7 +112,7 @@ class RolloutLoop:
         if self.replay:
             return self.replay.pop(0)
         if self._prompt_iter is None:
-            self._prompt_iter = iter(self.prompts)
+            self._prompt_iter = self._new_pass()
             for _ in range(self.prompt_batches_used - self.epoch_start):
                 next(self._prompt_iter)
         try:
@@ -120,10 +120,18 @@ class RolloutLoop:
         except StopIteration:  # a new pass over the prompts: Lightning sees one endless epoch
             self.prompt_epoch += 1
             self.epoch_start = self.prompt_batches_used
-            self._prompt_iter = iter(self.prompts)
+            self._prompt_iter = self._new_pass()
             records = next(self._prompt_iter)
         self.prompt_batches_used += 1
         return list(records)
+
+    def _new_pass(self) -> Iterator[list[dict[str, Any]]]:
+        """An iterator over the prompts for pass ``prompt_epoch`` (a distributed sampler reshuffles
+        per pass, which Lightning cannot tell it inside one endless epoch)."""
+        set_epoch = getattr(getattr(self.prompts, "sampler", None), "set_epoch", None)  # (as Lightning does)
+        if callable(set_epoch):
+            set_epoch(self.prompt_epoch)
+        return iter(self.prompts)
 
     def _build(self, gen_id: int) -> Any:
         records = self._next_records()
