@@ -87,6 +87,7 @@ RUNS: dict[str, dict[str, Any]] = {
     "sync-cprofile": {"workload": "tiny", "mode": "sync", "full": True, "profile": "cprofile"},
     "vs_trl-sync": {"workload": "vs_trl", "mode": "sync", "full": False, "profile": "timers"},
     "train-profile": {"workload": "vs_trl", "mode": "sync", "full": False, "profile": "torch"},
+    "push-variants": {"workload": "tiny", "mode": "sync", "full": False, "profile": "push"},
 }
 
 # timer key -> component of the breakdown
@@ -112,6 +113,7 @@ COMPONENTS = {
     "train.optimizer_step": "train: optimizer step",
     "train.zero_grad": "train: zero_grad",
     "log.self_log": "logging: self.log / log_dict",
+    "log.self_log_dict": "logging: self.log / log_dict",
     "log.connector": "logging: Lightning logger connector",
     "log.tensorboard": "logging: TensorBoard write",
     "log.histogram": "logging: staleness histogram",
@@ -231,7 +233,7 @@ def instrument(timers: Timers) -> None:
     p(LightningModule, "clip_gradients", "train.clip")
     p(LightningModule, "optimizers", "train.optimizers")
     p(LightningModule, "log", "log.self_log")
-    p(LightningModule, "log_dict", "log.self_log")
+    p(LightningModule, "log_dict", "log.self_log_dict")
     p(torch.nn.utils, "get_total_norm", "train.grad_norm_log")
     p(LightningOptimizer, "step", "train.optimizer_step")
     p(torch.optim.Optimizer, "zero_grad", "train.zero_grad")
@@ -292,8 +294,92 @@ def wrap_callbacks(timers: Timers, trainer: Any, skip: Any) -> None:
 
 
 # -- one run (child process) -----------------------------------------------------------------------
+def _load_flat(worker: Any, flat: Any, spec: list[tuple[str, list[int]]], version: int) -> int:
+    """In the worker: split one flat buffer back into named tensors and load them."""
+    import torch
+
+    flat = torch.as_tensor(flat)
+    named, offset = {}, 0
+    for name, shape in spec:
+        numel = 1
+        for d in shape:
+            numel *= d
+        named[name] = flat[offset : offset + numel].view(shape)
+        offset += numel
+    worker.engine.load_weights(named.items(), version)
+    return version
+
+
+def child_push(cfg: dict[str, Any]) -> None:
+    """The weight push and a bare Ray call, timed alone (round-robin), and two cheaper pushes."""
+    import warnings
+
+    import ray
+    import torch
+
+    from unirl_lightning.engines.hf import HFEngineConfig
+    from unirl_lightning.models import PretrainedCausalLM
+    from unirl_lightning.weight_sync import ObjectStoreWeightSync
+    from unirl_lightning.weight_sync.base import named_weights
+    from unirl_lightning.workers.group import RolloutWorkerGroup, shutdown_ray_if_owned
+
+    warnings.filterwarnings("ignore")
+    torch.set_num_threads(1)
+    spec = PretrainedCausalLM(name_or_path=cfg["model_dir"], dtype="float32")
+    model, _ = spec.build()
+    workers = RolloutWorkerGroup(HFEngineConfig(device="cpu", num_threads=1), spec, reward=None)
+    worker = workers.workers[0]
+    sync = ObjectStoreWeightSync()
+    version = [0]
+
+    def library_push() -> None:
+        version[0] += 1
+        sync.push(model, workers, version[0])
+
+    def flat_push(as_numpy: bool) -> None:
+        version[0] += 1
+        tensors = named_weights(model)
+        flat = torch.cat([t.reshape(-1) for t in tensors.values()])
+        layout = [(k, list(t.shape)) for k, t in tensors.items()]
+        ref = ray.put(flat.numpy() if as_numpy else flat)
+        ray.get(worker.run.remote(_load_flat, ref, layout, version[0]))
+
+    variants = {
+        "library push (ObjectStoreWeightSync)": library_push,
+        "ensure_alive ping (before every push)": lambda: workers.ensure_alive(30.0),
+        "bare actor call (round trip)": lambda: ray.get(worker.weight_version.remote()),
+        "one flat tensor, worker.run unflattens": lambda: flat_push(False),
+        "one flat numpy buffer (zero-copy get)": lambda: flat_push(True),
+    }
+    times: dict[str, list[float]] = {name: [] for name in variants}
+    for _ in range(cfg["reps"]):
+        for name, fn in variants.items():
+            start = time.perf_counter()
+            fn()
+            times[name].append(time.perf_counter() - start)
+    tensors = named_weights(model)
+    # the pushed weights really arrive: the worker's state equals the trainer's
+    state = ray.get(worker.state_dict.remote())
+    same = all(torch.equal(state[k], v) for k, v in tensors.items())
+    workers.shutdown()
+    shutdown_ray_if_owned()
+    common.emit(
+        {
+            "name": cfg["name"],
+            "bytes": sum(t.numel() * t.element_size() for t in tensors.values()),
+            "tensors": len(tensors),
+            "weights_arrived": same,
+            "ms": {name: 1e3 * statistics.median(v[1:]) for name, v in times.items()},
+            "reps": cfg["reps"],
+        }
+    )
+
+
 def child(cfg: dict[str, Any]) -> None:
     common.quiet()
+    if cfg["profile"] == "push":
+        child_push(cfg)
+        return
     import torch
     from lightning.pytorch import Callback, Trainer, seed_everything
     from lightning.pytorch.loggers import TensorBoardLogger
@@ -304,6 +390,18 @@ def child(cfg: dict[str, Any]) -> None:
     from unirl_lightning.models import PretrainedCausalLM
 
     wl = WORKLOADS[cfg["workload"]]
+    captured: dict[str, Any] = {}
+    if cfg["profile"] == "torch":  # keep the last collated groups for the collate counterfactual
+        from unirl_lightning.rollout.types import ExperienceBatch
+
+        collate = ExperienceBatch.__dict__["collate"].__func__
+
+        def capturing_collate(cls: Any, groups: list, pad_token_id: int) -> Any:
+            captured["groups"], captured["pad"] = groups, pad_token_id
+            return collate(cls, groups, pad_token_id)
+
+        capturing_collate.__wrapped__ = collate
+        ExperienceBatch.collate = classmethod(capturing_collate)
     timers = Timers(record_function=cfg["profile"] == "torch")
     if cfg["profile"] in ("timers", "torch"):
         instrument(timers)
@@ -317,6 +415,9 @@ def child(cfg: dict[str, Any]) -> None:
             self.profiler: Any = None
             self.last_batch: Any = None
             self.frozen: dict[str, dict[str, float]] = {}  # the timers at the end of the window
+            self.per_step: list[dict[str, Any]] = []
+            self.prev: dict[str, float] = {}
+            self.prev_extra: dict[str, float] = {}
 
         def setup(self, trainer, pl_module, stage):  # noqa: ANN001, ANN201
             if cfg["profile"] == "timers":
@@ -345,6 +446,13 @@ def child(cfg: dict[str, Any]) -> None:
                 elif cfg["profile"] == "torch":
                     self.profiler = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU])
                     self.profiler.__enter__()
+            if warmup <= batch_idx < warmup + steps:  # this step's share of every timer (ms)
+                own = {k: 1e3 * (v - self.prev.get(k, 0.0)) for k, v in timers.own.items()}
+                extra = {k: 1e3 * (v - self.prev_extra.get(k, 0.0)) for k, v in timers.extra.items()}
+                self.per_step.append(
+                    {"step_ms": 1e3 * (self.stamps[-1] - self.stamps[-2]), "own": own, "extra": extra}
+                )
+                self.prev, self.prev_extra = dict(timers.own), dict(timers.extra)
             if batch_idx == warmup + steps - 1:
                 self.frozen = {
                     "own": dict(timers.own),
@@ -425,11 +533,23 @@ def child(cfg: dict[str, Any]) -> None:
             "score": 1e3 * extra.get("worker.score", 0.0) / steps,
             "results_per_step": extra.get("worker.results", 0.0) / steps,
         }
+        result["per_step"] = [
+            {
+                "step_ms": p["step_ms"],
+                "own_ms": p["own"],
+                "worker_ms": {
+                    "generate": p["extra"].get("worker.generate", 0.0),
+                    "score": p["extra"].get("worker.score", 0.0),
+                },
+            }
+            for p in probe.per_step
+        ]
     if cfg["profile"] == "cprofile":
         result["cprofile"] = cprofile_table(probe.profiler, steps, cfg.get("prof_out"))
     if cfg["profile"] == "torch":
         result["torch_profile"] = torch_table(probe.profiler, steps)
         result["counterfactuals"] = counterfactuals(module, probe.last_batch, cfg["reps"])
+        result["collate_ms"] = collate_counterfactual(captured["groups"], captured["pad"], cfg["reps"])
     common.emit(result)
 
 
@@ -549,7 +669,72 @@ def counterfactuals(module: Any, batch: Any, reps: int) -> dict[str, Any]:
     return out
 
 
+def vectorized_collate(groups: list[list[Any]], pad_token_id: int) -> dict[str, Any]:
+    """``ExperienceBatch.collate``'s tensors built from padded Python lists, one ``torch.tensor`` per field."""
+    import torch
+
+    rows = [r for g in groups for r in g]
+    length = max(len(r.prompt_ids) + len(r.completion_ids) for r in rows)
+    ids, attn, resp, logps = [], [], [], []
+    for r in rows:
+        p, c = len(r.prompt_ids), len(r.completion_ids)
+        rest = length - p - c
+        ids.append(r.prompt_ids + r.completion_ids + [pad_token_id] * rest)
+        attn.append([1] * (p + c) + [0] * rest)
+        resp.append([0.0] * p + [1.0] * c + [0.0] * rest)
+        logps.append([0.0] * p + r.logprobs + [0.0] * rest)
+    return {
+        "input_ids": torch.tensor(ids, dtype=torch.long),
+        "attention_mask": torch.tensor(attn, dtype=torch.long),
+        "response_mask": torch.tensor(resp, dtype=torch.float32),
+        "rollout_logprobs": torch.tensor(logps, dtype=torch.float32),
+        "rewards": torch.tensor([r.reward for r in rows], dtype=torch.float32),
+    }
+
+
+def collate_counterfactual(groups: list[list[Any]], pad_token_id: int, reps: int) -> dict[str, Any]:
+    """The library's collate vs :func:`vectorized_collate` on the same groups (ms, median), and a
+    check that both give the same tensors."""
+    import torch
+
+    from unirl_lightning.rollout.types import ExperienceBatch
+
+    collate = ExperienceBatch.__dict__["collate"].__func__
+    while hasattr(collate, "__wrapped__"):
+        collate = collate.__wrapped__
+    library = collate(ExperienceBatch, groups, pad_token_id)
+    fast = vectorized_collate(groups, pad_token_id)
+    same = all(torch.equal(getattr(library, k), v) for k, v in fast.items())
+    times: dict[str, list[float]] = {"library": [], "vectorized": []}
+    for _ in range(reps * 4):
+        for name, fn in (
+            ("library", lambda: collate(ExperienceBatch, groups, pad_token_id)),
+            ("vectorized", lambda: vectorized_collate(groups, pad_token_id)),
+        ):
+            start = time.perf_counter()
+            fn()
+            times[name].append(time.perf_counter() - start)
+    return {
+        "rows": len([r for g in groups for r in g]),
+        "same_tensors": same,
+        **{k: 1e3 * statistics.median(v) for k, v in times.items()},
+    }
+
+
 # -- the driver ----------------------------------------------------------------------------------
+def breakdown_median(run: dict[str, Any]) -> dict[str, float]:
+    """The median over steps of each component (robust to the stalls of a shared machine; unlike the
+    means, the medians need not add up to the median step)."""
+    per_step = [breakdown({"mode": run["mode"], **p}) for p in run["per_step"]]
+    keys = {k for b in per_step for k in b}
+    med = {k: statistics.median(b.get(k, 0.0) for b in per_step) for k in keys}
+    med["= step"] = statistics.median(p["step_ms"] for p in run["per_step"])
+    med["fixed overhead"] = statistics.median(
+        fixed_overhead({"mode": run["mode"], **p}, b) for p, b in zip(run["per_step"], per_step)
+    )
+    return dict(sorted(med.items(), key=lambda kv: -kv[1]))
+
+
 def breakdown(run: dict[str, Any]) -> dict[str, float]:
     """ms per step per component (the components partition the step)."""
     comp: dict[str, float] = defaultdict(float)
@@ -578,6 +763,18 @@ def fixed_overhead(run: dict[str, Any], comp: dict[str, float]) -> float:
     if run["mode"] == "sync":
         return run["step_ms"] - comp["worker: generate"] - comp["worker: score"] - compute
     return run["step_ms"] - comp.get("wait for generation (not hidden)", 0.0) - compute
+
+
+def print_medians(runs: dict[str, dict[str, Any]]) -> None:
+    timed = {n: r for n, r in runs.items() if "breakdown_median" in r}
+    names = list(timed)
+    keys: list[str] = []
+    for r in timed.values():
+        keys += [k for k in r["breakdown_median"] if k not in keys and r["breakdown_median"][k] >= 0.05]
+    print("\nmedian over steps (robust to stalls), ms:")
+    print(f"{'component':<42}" + "".join(f"{n:>14}" for n in names))
+    for k in keys:
+        print(f"{k:<42}" + "".join(f"{timed[n]['breakdown_median'].get(k, 0.0):>14.2f}" for n in names))
 
 
 def print_breakdown(runs: dict[str, dict[str, Any]]) -> None:
@@ -717,9 +914,25 @@ def main() -> None:
             if "own_ms" in run and spec["profile"] == "timers":
                 run["breakdown"] = breakdown(run)
                 run["fixed_overhead_ms"] = fixed_overhead(run, run["breakdown"])
+                run["breakdown_median"] = breakdown_median(run)
+                calls = run["calls_per_step"].get("log.self_log", 0.0)
+                own = run["own_ms"].get("log.self_log", 0.0) + run["own_ms"].get("log.self_log_dict", 0.0)
+                run["self_log_calls_per_step"] = calls
+                run["self_log_ms_per_call"] = own / calls if calls else None
             runs[name] = run
-            print(f"  {name:<14} {run['step_ms']:.1f} ms/step (process {run['process_s']:.0f} s)", flush=True)
+            if "step_ms" in run:
+                print(
+                    f"  {name:<14} {run['step_ms']:.1f} ms/step (process {run['process_s']:.0f} s)",
+                    flush=True,
+                )
     print_breakdown(runs)
+    print_medians(runs)
+    for n, r in runs.items():
+        if r.get("self_log_calls_per_step"):
+            print(
+                f"  {n}: {r['self_log_calls_per_step']:.0f} self.log calls per step, "
+                f"{r['self_log_ms_per_call']:.3f} ms each"
+            )
     if "sync-cprofile" in runs:
         print(
             "\ncProfile, sync-full, top functions by own time (ms per step; cProfile inflates Python-heavy code):"
@@ -738,9 +951,21 @@ def main() -> None:
             print(
                 f"  {row['self_cpu_ms_per_step']:>8.2f}  {row['calls_per_step']:>6.1f} calls  {row['name']}"
             )
+        cm = tp["collate_ms"]
+        print(
+            f"  collate of {cm['rows']} rows: library {cm['library']:.2f} ms, vectorized {cm['vectorized']:.2f} ms "
+            f"(same tensors: {cm['same_tensors']})"
+        )
         print("  counterfactual train step (plain torch, same batch, ms):")
         for k, v in tp["counterfactuals"].items():
             print(f"  {k:<40} {v}")
+    if "push-variants" in runs:
+        pv = runs["push-variants"]
+        print(
+            f"\nweight push alone, tiny model ({pv['bytes'] / 1e6:.2f} MB in {pv['tensors']} tensors), ms (median):"
+        )
+        for k, v in pv["ms"].items():
+            print(f"  {v:>8.2f}  {k}")
     config = vars(args) | {"out": None, "child": None, "workloads": WORKLOADS, "machine": common.machine()}
     config["wall_s"] = round(time.perf_counter() - started, 1)
     results = {"config": config, "runs": runs, "target_ms": TARGET_MS}
@@ -748,13 +973,16 @@ def main() -> None:
     Path(args.out).write_text(json.dumps(results, indent=2) + "\n")
     if any("breakdown" in r for r in runs.values()):
         plot(results, Path(args.out).with_suffix(".png"))
-    final = {
+    final: dict[str, Any] = {
         n: {
             "step_ms": round(r["step_ms"], 2),
-            "fixed_overhead_ms": round(r.get("fixed_overhead_ms", float("nan")), 2),
+            "fixed_overhead_ms": round(r["fixed_overhead_ms"], 2) if "fixed_overhead_ms" in r else None,
         }
         for n, r in runs.items()
+        if "step_ms" in r
     }
+    if "push-variants" in runs:
+        final["push_ms"] = {k: round(v, 2) for k, v in runs["push-variants"]["ms"].items()}
     print(json.dumps({"quick": args.quick, "target_fixed_overhead_ms": TARGET_MS, **final}))
 
 
