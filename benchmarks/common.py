@@ -248,6 +248,15 @@ def make_trl_trainer(
     return trainer
 
 
+def check_trl_counted(trainer: Any) -> None:
+    """Fail loudly if TRL's internals moved and the token counting hooks never ran."""
+    if not trainer.completion_tokens or not trainer.generate_s:
+        raise RuntimeError(
+            f"TRL {trl_version()}: GRPOTrainer._generate / _generate_single_turn were not called, so the "
+            "generated tokens were not counted; these benchmarks hook TRL 1.16's internals (pip install 'trl>=1.16,<2')"
+        )
+
+
 def trl_version() -> str:
     try:
         import trl

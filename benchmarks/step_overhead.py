@@ -13,12 +13,16 @@ worker with 1 torch thread, trainer 1 thread):
 * ``sync-bare``: the same without logger, progress bar and eval (how ``vs_trl.py`` and
   ``time_to_accuracy.py`` run ours);
 * ``async-full``: ``sync-full`` with ``max_staleness=1, max_inflight=2``;
+* ``vs_trl-sync``: ``sync-bare`` on issue 11's workload (below);
 * ``sync-cprofile``: ``sync-full`` under ``cProfile`` (the top functions by own time);
 * ``train-profile``: the train step under ``torch.profiler`` on issue 11's workload
   (``digit_successor`` with an 8-digit prefix, 16 x 8 x 16 tokens, hidden 128, 4 layers, EOS
   suppressed), then counterfactual variants of the same step in plain torch on the last batch
   (no entropy pass, logits only at completion positions, no second grad norm, fused AdamW) to
-  price what each change would save.
+  price what each change would save, and the library's ``ExperienceBatch.collate`` against a
+  vectorised one on the same groups;
+* ``push-variants``: the weight push alone (``ObjectStoreWeightSync.push``), the ``ensure_alive``
+  ping that precedes it, a bare Ray actor call, and a push of one flat buffer, round-robin.
 
 Timers: the library's functions and Lightning's hooks are wrapped in the child process (monkey
 patching, no library change) with an exclusive-time stack, so every millisecond of a step is
@@ -26,8 +30,11 @@ attributed to exactly one component; what no wrapper covers is Lightning's loop 
 loop (rest)"). The worker reports its own generate and score time; the driver's time launching,
 polling and waiting beyond that is the Ray round trip. Step time is measured from the end of one
 step (``on_train_batch_end``) to the end of the next, over ``--steps`` steps after ``--warmup``.
-"Fixed overhead" = step time - worker generate - worker score - train compute (forward, loss,
-backward, clip, optimizer step, zero_grad, advantages). Target (issue 15): <= 15 ms.
+"Fixed overhead" = step time - generation on the step's path (sync: the worker's generate and
+score; async: the waits for generation, including the quiesce before each push) - train compute
+(forward, loss, backward, clip, optimizer step, zero_grad, advantages). Target (issue 15): <= 15 ms.
+Both the means (which add up to the step) and the medians over steps (robust to the stalls of a
+shared machine) are reported.
 
 Prints a breakdown table (ms per step per component) and a final JSON line; writes
 ``benchmarks/results/step_overhead.json``; ``python benchmarks/plot.py`` draws
@@ -119,7 +126,7 @@ COMPONENTS = {
     "log.histogram": "logging: staleness histogram",
     "log.save": "logging: logger save",
     "sync.weights": "weight push: bookkeeping",
-    "sync.quiesce": "weight push: quiesce",
+    "sync.quiesce": "wait for generation: quiesce before the push",
     "sync.ping": "weight push: ping workers (ensure_alive)",
     "sync.push": "weight push: copy to CPU",
     "sync.named_weights": "weight push: copy to CPU",
@@ -759,10 +766,13 @@ def breakdown(run: dict[str, Any]) -> dict[str, float]:
 
 
 def fixed_overhead(run: dict[str, Any], comp: dict[str, float]) -> float:
+    """Step - generation on the step's path (sync: the worker's generate + score; async: the waits
+    for generation, the quiesce before the push included) - train compute."""
     compute = sum(comp.get(k, 0.0) for k in TRAIN_COMPUTE)
     if run["mode"] == "sync":
         return run["step_ms"] - comp["worker: generate"] - comp["worker: score"] - compute
-    return run["step_ms"] - comp.get("wait for generation (not hidden)", 0.0) - compute
+    waits = sum(v for k, v in comp.items() if k.startswith("wait for generation"))
+    return run["step_ms"] - waits - compute
 
 
 def print_medians(runs: dict[str, dict[str, Any]]) -> None:
@@ -829,35 +839,50 @@ def plot(results: dict[str, Any], path: Path) -> None:
         "#f2c94c",
         "#333333",
     ]
-    fig, ax = plt.subplots(figsize=(7, 4))
-    bottoms = [0.0] * len(runs)
-    for label, color in zip(groups, colors):
-        values = []
-        for r in runs.values():
-            total = 0.0
-            for k, v in r["breakdown"].items():
-                if k.startswith("("):
-                    continue
-                first = next(g for g, f in groups.items() if f(k))
-                if first == label:
-                    total += v
-            values.append(total)
-        ax.bar(list(runs), values, bottom=bottoms, label=label, color=color)
-        bottoms = [b + v for b, v in zip(bottoms, values)]
-    for i, r in enumerate(runs.values()):
-        ax.text(
-            i,
-            bottoms[i],
-            f"{r['step_ms']:.0f} ms\nfixed {r['fixed_overhead_ms']:.0f}",
-            ha="center",
-            va="bottom",
-            fontsize=8,
-        )
-    ax.set_ylabel("ms per step")
-    ax.set_title("Where a tiny GRPO step's time goes (8x8x3 tokens, h128 L2, 2 CPU cores)", fontsize=9)
-    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
-    ax.grid(axis="y", alpha=0.3)
-    ax.set_ylim(0, max(bottoms) * 1.2)
+    panels = [
+        ("tiny: 8x8x3 tokens, h128 L2", {n: r for n, r in runs.items() if r["workload"] == "tiny"}),
+        ("issue 11: 16x8x16, h128 L4", {n: r for n, r in runs.items() if r["workload"] != "tiny"}),
+    ]
+    panels = [(title, rs) for title, rs in panels if rs]
+    fig, axes = plt.subplots(
+        1,
+        len(panels),
+        figsize=(3 + 1.6 * len(runs), 4),
+        squeeze=False,
+        gridspec_kw={"width_ratios": [max(1, len(rs)) for _, rs in panels]},
+    )
+    for ax, (title, panel_runs) in zip(axes[0], panels):
+        bottoms = [0.0] * len(panel_runs)
+        for label, color in zip(groups, colors):
+            values = []
+            for r in panel_runs.values():
+                total = 0.0
+                for k, v in r["breakdown"].items():
+                    if k.startswith("("):
+                        continue
+                    if next(g for g, f in groups.items() if f(k)) == label:
+                        total += v
+                values.append(total)
+            ax.bar(list(panel_runs), values, bottom=bottoms, label=label, color=color)
+            bottoms = [b + v for b, v in zip(bottoms, values)]
+        for i, r in enumerate(panel_runs.values()):
+            ax.text(
+                i,
+                bottoms[i],
+                f"{r['step_ms']:.0f} ms\nfixed {r['fixed_overhead_ms']:.0f}",
+                ha="center",
+                va="bottom",
+                fontsize=8,
+            )
+        ax.set_title(title, fontsize=9)
+        ax.grid(axis="y", alpha=0.3)
+        ax.set_ylim(0, max(bottoms) * 1.25)
+    axes[0][0].set_ylabel("ms per step (mean)")
+    axes[0][-1].legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    fig.suptitle(
+        f"Where a GRPO step's time goes (2 CPU cores; target fixed overhead <= {TARGET_MS:.0f} ms)",
+        fontsize=9,
+    )
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

@@ -4,7 +4,10 @@
 
 Task ``add_mod10``: prompts ``a+b=`` for digits ``a, b``; reward 1 when the completion's first
 character is ``(a + b) % 10``. The 100 pairs are split 80/20 with a seeded shuffle (``--split-seed``)
-and written to jsonl files: the 80 train, the 20 are held out and never trained on. Model: a
+and written to jsonl files: the 80 train, the 20 are held out and never trained on. (The library's
+own held-out split, ``make_task(..., split=...)``, holds out 10% of a task's prompts by a hash of
+the prompt, 10 of the 100 pairs: ``--split library`` uses it instead.) Both sides read the same
+files. Model: a
 random-init Llama (hidden 128, 2 layers, MLP 256, the library's character tokenizer), built per seed
 (``TinyCausalLM(seed=seed)``) and saved, and loaded by both sides. Per step: 8 prompts x 8 samples x
 3 new tokens (EOS allowed), temperature 1, lr 3e-4 constant, fp32, ``beta=0``.
@@ -66,6 +69,20 @@ def split_add_mod10(seed: int) -> tuple[list[dict], list[dict]]:
     ]
     random.Random(seed).shuffle(records)
     return records[:80], records[80:]
+
+
+def split_library(seed: int) -> tuple[list[dict], list[dict]]:
+    """The library's own split (``make_task(..., split=...)``: a hash of the prompt holds out 10% of
+    the prompt space, 10 of the 100 pairs), as distinct records in a seeded order."""
+    from unirl_lightning.data.tasks import make_task
+
+    def distinct(split: str) -> list[dict]:
+        seen: dict[str, dict] = {}
+        for record in make_task("add_mod10", 2000, seed, split=split):
+            seen.setdefault(record["prompt"], record)
+        return list(seen.values())
+
+    return distinct("train"), distinct("held_out")
 
 
 def write_jsonl(path: Path, records: list[dict]) -> None:
@@ -182,6 +199,7 @@ def child_trl(cfg: dict[str, Any], train: list[dict], snapshots: Snapshots) -> d
             reward=reward,
         )
         trainer.train()
+    common.check_trl_counted(trainer)
     tokens = trainer.completion_tokens
     return {
         "torch_threads": torch.get_num_threads(),
@@ -448,6 +466,13 @@ def main() -> None:
     parser.add_argument("--group", type=int, default=8)
     parser.add_argument("--max-new-tokens", type=int, default=3)
     parser.add_argument("--lr", type=float, default=3e-4)
+    parser.add_argument(
+        "--split",
+        choices=["seeded", "library"],
+        default="seeded",
+        help="seeded: the issue's 80/20 seeded shuffle of the 100 pairs; library: the library's "
+        "held-out split (make_task(split=...), 90/10 by a hash of the prompt)",
+    )
     parser.add_argument("--split-seed", type=int, default=0)
     parser.add_argument("--out", default=str(RESULTS_PATH))
     args = parser.parse_args()
@@ -460,7 +485,10 @@ def main() -> None:
     common.quiet()
     started = time.perf_counter()
     runs: list[dict[str, Any]] = []
-    train, held_out = split_add_mod10(args.split_seed)
+    if args.split == "seeded":
+        train, held_out = split_add_mod10(args.split_seed)
+    else:
+        train, held_out = split_library(args.split_seed)
     with tempfile.TemporaryDirectory(prefix="tta-") as tmp:
         tmp = Path(tmp)
         write_jsonl(tmp / "train.jsonl", train)
@@ -514,6 +542,7 @@ def main() -> None:
         "machine": common.machine(),
     }
     config["split"] = {
+        "kind": args.split,
         "train": len(train),
         "heldout": len(held_out),
         "heldout_prompts": [r["prompt"] for r in held_out],

@@ -119,6 +119,7 @@ def child_trl(cfg: dict[str, Any]) -> dict[str, Any]:
             callbacks=[clock],
         )
         trainer.train()
+    common.check_trl_counted(trainer)
     steps, seconds = _timing(clock.stamps, cfg["warmup"])
     w = cfg["warmup"]
     tokens = trainer.completion_tokens[w:]
