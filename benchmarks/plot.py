@@ -40,6 +40,19 @@ def main() -> None:
             [s["sync_steps_per_s"], s["async_steps_per_s"]],
             "steps / s",
         )
+    # the side-by-side benchmarks draw their own figures (each module's ``plot``)
+    import step_overhead
+    import time_to_accuracy
+    import vs_trl
+
+    for module, name in (
+        (vs_trl, "vs_trl"),
+        (time_to_accuracy, "time_to_accuracy"),
+        (step_overhead, "step_overhead"),
+    ):
+        path = RESULTS / f"{name}.json"
+        if path.is_file():
+            module.plot(json.loads(path.read_text()), RESULTS / f"{name}.png")
     path = RESULTS / "flow_grpo_throughput.json"
     if path.is_file():
         s = json.loads(path.read_text())
