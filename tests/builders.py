@@ -34,6 +34,7 @@ class StepRecorder(Callback):
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
         metrics = {k: float(v) for k, v in trainer.callback_metrics.items()}
+        metrics.update(pl_module.last_logged_metrics)  # the figures logged straight to the loggers
         self.steps[-1]["metrics"] = metrics
 
 

@@ -99,7 +99,7 @@ def test_sigkill_then_resume_with_ckpt_path_last_continues_async_and_loses_no_pr
     saved_steps = checkpoint["global_step"]
     assert resumed[0]["global_step"] == saved_steps
     assert (
-        resumed[0]["version"] == checkpoint["unirl_rollout"]["weight_version"] + 1
+        resumed[0]["version"] == checkpoint["unirl_rollout"]["ranks"][0]["weight_version"] + 1
     )  # re-pushed once at start
     # async again from the first resumed step: a request in flight while it trains, staleness 1 occurs
     assert resumed[0]["inflight"] >= 1
@@ -109,5 +109,7 @@ def test_sigkill_then_resume_with_ckpt_path_last_continues_async_and_loses_no_pr
     before = [p for s in killed[:saved_steps] for p in s["prompts"]]
     after = [p for s in resumed for p in s["prompts"]]
     assert len(before + after) == len(set(before + after)), "a prompt was trained twice across the resume"
-    pending = {r["prompt"] for records in checkpoint["unirl_rollout"]["untrained"] for r in records}
+    pending = {
+        r["prompt"] for records in checkpoint["unirl_rollout"]["ranks"][0]["untrained"] for r in records
+    }
     assert pending <= set(after), "launched-but-untrained prompts at the checkpoint must be trained first"

@@ -28,5 +28,5 @@ def test_an_exception_writes_last_ckpt_with_the_rollout_state(tmp_path):
     strategy.shutdown()
     checkpoint = torch.load(tmp_path / "ckpt" / "last.ckpt", weights_only=True)
     assert checkpoint["global_step"] == 3
-    assert checkpoint["unirl_rollout"]["steps"] == 3
+    assert checkpoint["unirl_rollout"]["ranks"][0]["steps"] == 3
     assert not list((tmp_path / "ckpt").glob("*.partial")), "the save is written then renamed"

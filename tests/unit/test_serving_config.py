@@ -10,10 +10,9 @@ import pytest
 import torch
 
 from unirl_lightning.engines.vllm import VLLMEngineConfig
-from unirl_lightning.engines.vllm_worker import pack_bucket, unpack_bucket
 from unirl_lightning.lora import LoraSpec
 from unirl_lightning.models import TinyCausalLM
-from unirl_lightning.weight_sync.buckets import weight_buckets
+from unirl_lightning.weight_sync.buckets import pack_tensors, unpack_tensors, weight_buckets
 
 
 def test_module_imports_without_vllm():
@@ -73,7 +72,8 @@ def test_packed_bucket_round_trips_every_dtype():
         ("c", torch.randn(2, 2).half()),
         ("d", torch.tensor(1.5)),
     ]
-    restored = unpack_bucket(pack_bucket(bucket))
-    assert [n for n, _ in restored] == ["a", "b", "c", "d"]
-    for (_, original), (_, copy) in zip(bucket, restored):
-        assert copy.dtype == original.dtype and torch.equal(copy, original)
+    for as_bytes in (False, True):
+        restored = unpack_tensors(pack_tensors(bucket, as_bytes=as_bytes))
+        assert [n for n, _ in restored] == ["a", "b", "c", "d"]
+        for (_, original), (_, copy) in zip(bucket, restored):
+            assert copy.dtype == original.dtype and torch.equal(copy, original)

@@ -67,11 +67,10 @@ import torch
 from unirl_lightning.checks import require_choice, require_positive
 from unirl_lightning.engines.base import EngineConfig, import_backend, make_group
 from unirl_lightning.engines.serving import is_lora_push, lora_adapter_config, materialize_policy
-from unirl_lightning.engines.vllm_worker import pack_bucket
 from unirl_lightning.lora import LoraSpec
 from unirl_lightning.models import PolicySpec, TinyCausalLM
 from unirl_lightning.rollout.types import Rollout, RolloutRequest
-from unirl_lightning.weight_sync.buckets import weight_buckets
+from unirl_lightning.weight_sync.buckets import pack_tensors, weight_buckets
 
 __all__ = ["VLLMEngine", "VLLMEngineConfig", "import_vllm"]
 
@@ -240,7 +239,10 @@ class VLLMEngine:
         rpc("unirl_begin_weight_update", args=(self.weight_update == "reload",))
         try:
             for bucket in weight_buckets(items, int(self.config.bucket_mb * 1024**2), whole_layers=True):
-                rpc("unirl_load_weight_bucket", args=(bucket if in_process else pack_bucket(bucket),))
+                rpc(
+                    "unirl_load_weight_bucket",
+                    args=(bucket if in_process else pack_tensors(bucket, as_bytes=True),),
+                )
         finally:  # an interrupted reload must still put every layer back
             rpc("unirl_finish_weight_update")
             self.llm.reset_prefix_cache()

@@ -3,7 +3,7 @@
 :class:`VLLMWorkerExtension` is mixed into vLLM's worker class (``worker_extension_cls``); the
 engine (:mod:`unirl_lightning.engines.vllm`) calls its methods through ``LLM.collective_rpc`` by name,
 so the same code runs in-process and in vLLM's engine-core process. A bucket crosses to that
-process packed (:func:`pack_bucket`): vLLM's msgpack RPC does not rebuild tensors nested in call
+process packed (:func:`~unirl_lightning.weight_sync.buckets.pack_tensors` as bytes): vLLM's msgpack RPC does not rebuild tensors nested in call
 arguments. Imports vLLM only inside the methods, which run where vLLM is loaded.
 """
 
@@ -13,7 +13,9 @@ from typing import Any
 
 import torch
 
-__all__ = ["VLLMWorkerExtension", "pack_bucket", "unpack_bucket"]
+from unirl_lightning.weight_sync.buckets import unpack_tensors
+
+__all__ = ["VLLMWorkerExtension"]
 
 
 class VLLMWorkerExtension:
@@ -36,7 +38,7 @@ class VLLMWorkerExtension:
     def unirl_load_weight_bucket(self, bucket: list[tuple[str, torch.Tensor]] | dict[str, Any]) -> int:
         from vllm.config import set_current_vllm_config
 
-        named_tensors = unpack_bucket(bucket) if isinstance(bucket, dict) else bucket
+        named_tensors = unpack_tensors(bucket) if isinstance(bucket, dict) else bucket
         model = self.model_runner.get_model()
         device = self.model_runner.device
         with set_current_vllm_config(self.vllm_config):
@@ -52,28 +54,3 @@ class VLLMWorkerExtension:
                 finalize_layerwise_reload(self.model_runner.get_model(), self.model_runner.model_config)
         self.unirl_reload = False
         self.model_runner.reset_lora_state()  # adapters were computed against the old base weights
-
-
-def pack_bucket(bucket: list[tuple[str, torch.Tensor]]) -> dict[str, Any]:
-    """A bucket as names, dtypes, shapes and one byte string: what survives vLLM's msgpack RPC to its
-    engine-core process (which does not rebuild tensors nested in call arguments)."""
-    flat = [t.detach().to("cpu").contiguous().reshape(-1).view(torch.uint8) for _, t in bucket]
-    return {
-        "names": [name for name, _ in bucket],
-        "dtypes": [str(t.dtype).removeprefix("torch.") for _, t in bucket],
-        "shapes": [list(t.shape) for _, t in bucket],
-        "data": torch.cat(flat).numpy().tobytes() if flat else b"",
-    }
-
-
-def unpack_bucket(packed: dict[str, Any]) -> list[tuple[str, torch.Tensor]]:
-    data = torch.frombuffer(bytearray(packed["data"]), dtype=torch.uint8) if packed["data"] else None
-    named: list[tuple[str, torch.Tensor]] = []
-    offset = 0
-    for name, dtype_name, shape in zip(packed["names"], packed["dtypes"], packed["shapes"]):
-        dtype = getattr(torch, dtype_name)
-        nbytes = int(torch.Size(shape).numel()) * torch.empty((), dtype=dtype).element_size()
-        # clone: a fresh, aligned storage for the dtype view
-        named.append((name, data[offset : offset + nbytes].clone().view(dtype).reshape(shape)))
-        offset += nbytes
-    return named

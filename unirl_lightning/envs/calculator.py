@@ -117,7 +117,10 @@ def safe_eval(expression: str, max_chars: int = 100, max_magnitude: int = 10**15
 
         >>> safe_eval("12*7+3")
         Fraction(87, 1)
-        >>> safe_eval("2**999")  # raises CalculatorError: operator '**' is not allowed; ...
+        >>> safe_eval("2**999")
+        Traceback (most recent call last):
+        ...
+        unirl_lightning.envs.calculator.CalculatorError: operator '**' is not allowed; only + - * / and parentheses
     """
     if not isinstance(expression, str):
         raise CalculatorError(f"the expression must be a str, got {type(expression).__name__}")

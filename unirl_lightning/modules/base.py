@@ -155,6 +155,8 @@ class PolicyGradientModule(RLModule):
         self.first_minibatch = True
         self._last_step_end: float | None = None
         self.last_step_metrics: dict[str, torch.Tensor] = {}
+        self.last_logged_metrics: dict[str, float] = {}
+        self._rl_steps = 0
 
     # -- what a subclass supplies ---------------------------------------------------------------
     def prepare_batch(self, batch: Any) -> dict[str, Any]:  # pragma: no cover - abstract
@@ -221,22 +223,40 @@ class PolicyGradientModule(RLModule):
         self.last_step_metrics = first  # this rank's own figures (the logged ones are means over ranks)
         end = time.perf_counter()
         n = batch.num_rows
-        throughput = {}
+        metrics: dict[str, Any] = {
+            **batch.stats,
+            **{f"train/{k}": v for k, v in first.items()},
+            "train/lr": self.optimizers().param_groups[0]["lr"],
+            "perf/train_time_s": end - start,
+        }
         if self._last_step_end is not None:  # end to end: generation waits, training and sync included
             wall_s = end - self._last_step_end
-            throughput["perf/samples_per_s"] = n / wall_s
+            metrics["perf/samples_per_s"] = n / wall_s
             if "rollout/completion_tokens" in batch.stats:
-                throughput["perf/tokens_per_s"] = batch.stats["rollout/completion_tokens"] / wall_s
+                metrics["perf/tokens_per_s"] = batch.stats["rollout/completion_tokens"] / wall_s
         self._last_step_end = end
-        self.log("rollout/reward_mean", batch.stats["rollout/reward_mean"], prog_bar=True, batch_size=n)
-        self.log_dict({k: v for k, v in batch.stats.items() if k != "rollout/reward_mean"}, batch_size=n)
-        self.log_dict({f"train/{k}": v for k, v in first.items()}, batch_size=n)
-        self.log_dict(
-            {
-                "train/lr": self.optimizers().param_groups[0]["lr"],
-                "perf/train_time_s": end - start,
-                **throughput,
-            },
-            batch_size=n,
-        )
+        self.log_step_metrics(metrics, batch_size=n)
         return first["loss"]
+
+    # the figures most runs watch go through self.log (progress bar, callback_metrics, monitors)
+    WATCHED = ("rollout/reward_mean", "train/loss", "train/ratio_mean", "train/logp_diff_abs", "train/kl")
+
+    def log_step_metrics(self, metrics: dict[str, Any], batch_size: int) -> None:
+        """Log one RL step's figures: the :attr:`WATCHED` ones through ``self.log`` (reward on the
+        progress bar), the rest straight to the trainer's loggers every ``log_every_n_steps`` RL steps
+        (``self.log`` costs about a millisecond of bookkeeping per key). With several ranks every
+        figure is the mean over the ranks (one all-reduce). ``last_logged_metrics`` keeps them all."""
+        names = sorted(metrics)
+        values = torch.tensor([float(metrics[k]) for k in names], dtype=torch.float64)
+        if self.trainer.world_size > 1:
+            values = self.trainer.strategy.reduce(values, reduce_op="mean")
+        reduced = dict(zip(names, values.tolist()))
+        self.last_logged_metrics = reduced
+        for key in self.WATCHED:
+            if key in reduced:
+                self.log(key, reduced[key], prog_bar=key == "rollout/reward_mean", batch_size=batch_size)
+        self._rl_steps += 1
+        if self._rl_steps % max(1, self.trainer.log_every_n_steps) == 0:
+            rest = {k: v for k, v in reduced.items() if k not in self.WATCHED}
+            for logger in self.loggers:
+                logger.log_metrics(rest, step=self.global_step)

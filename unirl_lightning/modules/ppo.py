@@ -140,14 +140,8 @@ class PPOModule(CausalLMModule):
         advantages, returns = gae_advantages(rewards, old_values, mask, self.gamma, self.lam)
         if self.whiten_advantages:
             advantages = masked_whiten(advantages, mask)
-        self.log_dict(
-            {
-                "train/value_mean": masked_mean(old_values, mask),
-                "train/explained_variance": explained_variance(old_values, returns, mask),
-            },
-            batch_size=batch.num_rows,
-            sync_dist=self.trainer.world_size > 1,
-        )
+        batch.stats["train/value_mean"] = float(masked_mean(old_values, mask))  # logged with the step
+        batch.stats["train/explained_variance"] = float(explained_variance(old_values, returns, mask))
         return {**context, "advantages": advantages, "old_values": old_values, "returns": returns}
 
     def minibatch_loss(

@@ -187,16 +187,23 @@ class ExperienceBatch:
         rows = [r for g in groups for r in g]
         length = max(len(r.prompt_ids) + len(r.completion_ids) for r in rows)
         num = len(rows)
-        input_ids = torch.full((num, length), pad_token_id, dtype=torch.long)
-        attention_mask = torch.zeros((num, length), dtype=torch.long)
-        response_mask = torch.zeros((num, length), dtype=torch.float32)
-        rollout_logprobs = torch.zeros((num, length), dtype=torch.float32)
-        for i, r in enumerate(rows):
+        # padded Python lists, one tensor per field (a few small tensor ops per row cost more)
+        ids, attention, response, logprobs = [], [], [], []
+        for r in rows:
             p, c = len(r.prompt_ids), len(r.completion_ids)
-            input_ids[i, : p + c] = torch.tensor(r.prompt_ids + r.completion_ids, dtype=torch.long)
-            attention_mask[i, : p + c] = 1
-            response_mask[i, p : p + c] = 1.0 if r.loss_mask is None else torch.tensor(r.loss_mask)
-            rollout_logprobs[i, p : p + c] = torch.tensor(r.logprobs, dtype=torch.float32)
+            pad = length - p - c
+            ids.append(r.prompt_ids + r.completion_ids + [pad_token_id] * pad)
+            attention.append([1] * (p + c) + [0] * pad)
+            response.append(
+                [0.0] * p
+                + ([1.0] * c if r.loss_mask is None else [float(m) for m in r.loss_mask])
+                + [0.0] * pad
+            )
+            logprobs.append([0.0] * p + list(r.logprobs) + [0.0] * pad)
+        input_ids = torch.tensor(ids, dtype=torch.long)
+        attention_mask = torch.tensor(attention, dtype=torch.long)
+        response_mask = torch.tensor(response, dtype=torch.float32)
+        rollout_logprobs = torch.tensor(logprobs, dtype=torch.float32)
         lengths = [len(r.completion_ids) for r in rows]
         return cls(
             input_ids=input_ids,

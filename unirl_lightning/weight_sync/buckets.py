@@ -8,7 +8,9 @@ because they fuse q/k/v and gate/up into one parameter per layer).
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
+from typing import Any
 
+import numpy as np
 import torch
 
 NamedTensor = tuple[str, torch.Tensor]
@@ -61,3 +63,32 @@ def weight_buckets(
         size += unit_size
     if bucket:
         yield bucket
+
+
+def pack_tensors(named_tensors: Iterable[NamedTensor], as_bytes: bool = False) -> dict[str, Any]:
+    """Tensors as their names, dtypes, shapes and one flat ``uint8`` buffer: a single object to ship
+    (Ray's object store hands a numpy buffer to every worker without a copy per tensor; with
+    ``as_bytes`` it is a byte string, what vLLM's msgpack RPC carries)."""
+    named = list(named_tensors)
+    flat = [t.detach().to("cpu").contiguous().reshape(-1).view(torch.uint8) for _, t in named]
+    data = torch.cat(flat).numpy() if flat else np.zeros(0, dtype=np.uint8)
+    return {
+        "names": [name for name, _ in named],
+        "dtypes": [str(t.dtype).removeprefix("torch.") for _, t in named],
+        "shapes": [list(t.shape) for _, t in named],
+        "data": data.tobytes() if as_bytes else data,
+    }
+
+
+def unpack_tensors(packed: dict[str, Any]) -> list[NamedTensor]:
+    """The ``(name, tensor)`` pairs of :func:`pack_tensors` (fresh, aligned storages)."""
+    raw = packed["data"]
+    data = torch.frombuffer(bytearray(raw), dtype=torch.uint8) if len(raw) else None
+    named: list[NamedTensor] = []
+    offset = 0
+    for name, dtype_name, shape in zip(packed["names"], packed["dtypes"], packed["shapes"]):
+        dtype = getattr(torch, dtype_name)
+        nbytes = int(torch.Size(shape).numel()) * torch.empty((), dtype=dtype).element_size()
+        named.append((name, data[offset : offset + nbytes].clone().view(dtype).reshape(shape)))
+        offset += nbytes
+    return named
