@@ -39,7 +39,12 @@ class Clock(Callback):
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
         self.end = time.perf_counter()
         if batch_idx >= self.warmup:
-            self.metrics.append({k: float(v) for k, v in trainer.callback_metrics.items()})
+            self.metrics.append(
+                {
+                    **{k: float(v) for k, v in trainer.callback_metrics.items()},
+                    **pl_module.last_logged_metrics,
+                }
+            )
 
 
 def run(mode: str, args: argparse.Namespace) -> dict[str, float]:

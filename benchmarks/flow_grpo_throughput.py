@@ -68,7 +68,7 @@ class StepClock(Callback):
             self.steps += 1
             self.end = time.perf_counter()  # after this step's sync (the sync callback runs first)
             for tag in PERF_TAGS:
-                self.perf[tag] += float(trainer.callback_metrics.get(tag, 0.0))
+                self.perf[tag] += float(pl_module.last_logged_metrics.get(tag, 0.0))
 
 
 def run(args: argparse.Namespace, policy: TinyFlowModel, max_staleness: int) -> dict[str, float]:

@@ -154,6 +154,7 @@ def child_ours(cfg: dict[str, Any]) -> dict[str, Any]:
         def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):  # noqa: ANN001, ANN201
             self.stamps.append(time.perf_counter())
             metrics = {k: float(v) for k, v in trainer.callback_metrics.items()}
+            metrics.update(pl_module.last_logged_metrics)  # the figures written straight to the loggers
             metrics["rows"] = float(batch.num_rows)
             metrics["prompt_tokens"] = float((batch.attention_mask.sum() - batch.response_mask.sum()).item())
             self.metrics.append(metrics)

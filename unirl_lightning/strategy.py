@@ -36,6 +36,7 @@ number of ranks.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 import os
@@ -98,8 +99,10 @@ class RolloutStrategyMixin:
         weight_sync: ``"object_store"`` (default), ``"collective"`` or a ``WeightSync`` instance.
         seed: base seed of the rollout requests (request ``g`` of rank ``r`` samples with
             ``seed + r * 1_000_003 + g``).
-        trainer_threads: torch threads of each training process on CPU. None = the cores the local
-            workers leave free, shared by the local ranks (at least 1).
+        trainer_threads: torch threads of each training process on CPU. None = the rule of
+            :meth:`_cpu_threads`: synchronous runs give every core to whichever side is working;
+            async runs give each local worker ``ceil(num_cpus_per_worker)`` cores and the trainers
+            the rest. Engines with ``num_threads="auto"`` (the default) follow the same rule.
         generation_timeout_s: how long a worker may take for one request of up to 1024 samples
             (proportionally longer for larger ones) before it counts as hung and is replaced.
         max_worker_restarts: dead or hung workers replaced over the run (a new actor gets the
@@ -153,16 +156,31 @@ class RolloutStrategyMixin:
         super().setup(trainer)  # first: under DDP the pushed weights are those of the wrapped module
         local_ranks = max(1, trainer.world_size // max(1, trainer.num_nodes))
         if self.root_device.type == "cpu":
-            threads = self.trainer_threads
-            if threads is None:
-                local = not os.environ.get("RAY_ADDRESS")
-                busy = local_ranks * math.ceil(self.num_workers * self.num_cpus_per_worker) if local else 0
-                threads = max(1, ((os.cpu_count() or 1) - busy) // local_ranks)
-            torch.set_num_threads(threads)
+            torch.set_num_threads(self.trainer_threads or self._cpu_threads(local_ranks)["trainer"])
         if self.workers is None:
             self._connect_ray(trainer.world_size)
             self._start_rollout(trainer.lightning_module)
         self.barrier("rollout workers started")
+
+    @property
+    def synchronous(self) -> bool:
+        """Generation and training take turns (nothing overlaps): ``max_inflight=1, max_staleness=0``."""
+        return self.max_inflight == 1 and self.max_staleness == 0
+
+    def _cpu_threads(self, local_ranks: int) -> dict[str, int]:
+        """The CPU rule: cores on this node for the trainer (per local rank) and for each local worker.
+
+        Synchronous runs take turns, so the side that is working gets every core (the idle side's
+        threads sleep). Async runs overlap: each local worker keeps ``ceil(num_cpus_per_worker)``
+        cores and the trainers share the rest (at least 1 each). With ``RAY_ADDRESS`` the workers
+        live elsewhere and the trainers take the node.
+        """
+        cores = os.cpu_count() or 1
+        local_workers = 0 if os.environ.get("RAY_ADDRESS") else local_ranks * self.num_workers
+        if self.synchronous or not local_workers:
+            return {"trainer": max(1, cores // local_ranks), "worker": max(1, cores // max(1, local_workers))}
+        per_worker = max(1, math.ceil(self.num_cpus_per_worker))
+        return {"trainer": max(1, (cores - local_workers * per_worker) // local_ranks), "worker": per_worker}
 
     def _connect_ray(self, world_size: int) -> None:
         """One Ray for every rank: rank 0 starts (or joins ``RAY_ADDRESS``) it, the others join it."""
@@ -202,6 +220,11 @@ class RolloutStrategyMixin:
             )
         engine = resolve_engine(self.engine, DEFAULT_ENGINES[spec.family], spec.family)
         engine.validate(spec.policy, spec.lora)
+        if getattr(engine, "num_threads", None) == "auto":  # the CPU rule (see _cpu_threads)
+            local_ranks = max(
+                1, self.lightning_module.trainer.world_size // max(1, self.lightning_module.trainer.num_nodes)
+            )
+            engine = dataclasses.replace(engine, num_threads=self._cpu_threads(local_ranks)["worker"])
         self.workers = RolloutWorkerGroup(
             engine,
             spec.policy,

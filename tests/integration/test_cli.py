@@ -136,3 +136,22 @@ def test_gpu_grpo_recipe_parses_naming_a_hub_model():
     policy = init_args(config.model.init_args.policy)
     assert policy.name_or_path == "Qwen/Qwen2.5-0.5B-Instruct"
     assert config.trainer.strategy.init_args.weight_sync == "collective"
+
+
+def test_the_same_recipe_is_served_by_another_engine_with_a_strategy_change_only():
+    hf = ParseOnlyCLI(args=["--config", str(RECIPE)], run=False).config
+    vllm = ParseOnlyCLI(
+        args=["--config", str(RECIPE), "--trainer.strategy.init_args.engine=vllm"], run=False
+    ).config
+    assert hf.trainer.strategy.init_args.engine == "hf" and vllm.trainer.strategy.init_args.engine == "vllm"
+    assert hf.model == vllm.model, "changing the engine must not touch the model section"
+
+
+def test_the_ddp_and_real_model_recipes_parse():
+    ddp = ParseOnlyCLI(args=["--config", str(RECIPE.parent / "grpo_tiny_ddp.yaml")], run=False).config
+    assert ddp.trainer.strategy.class_path == "unirl_lightning.strategy.AsyncRolloutDDPStrategy"
+    assert ddp.trainer.devices == 2 and ddp.trainer.strategy.init_args.num_workers == 1
+    smol = ParseOnlyCLI(args=["--config", str(RECIPE.parent / "grpo_smollm2_cpu.yaml")], run=False).config
+    policy = init_args(smol.model.init_args.policy)
+    assert policy.name_or_path == "smollm2-135m-instruct" and policy.chat is True
+    assert smol.data.init_args.held_out == "disjoint"

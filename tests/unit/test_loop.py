@@ -120,7 +120,7 @@ def test_when_generation_outpaces_training_the_freshest_is_trained_and_aged_grou
 def test_prompt_stream_restarts_when_exhausted_and_counts_epochs():
     loop, ctl = make_loop(batches(2))
     prompts = [loop.next_batch() and None for _ in range(5)]
-    assert len(prompts) == 5 and loop.prompt_epoch == 2
+    assert len(prompts) == 5 and loop.stream.epoch == 2
 
 
 def test_state_dict_replays_launched_but_untrained_prompts_first():
@@ -130,8 +130,8 @@ def test_state_dict_replays_launched_but_untrained_prompts_first():
     assert [r["prompt"] for r in state["untrained"][0]] == ["p1-0", "p1-1"]
     resumed, _ = make_loop(batches(8), max_staleness=1, max_inflight=2)
     resumed.load_loop_state(state)
-    first = resumed._next_records()
-    second = resumed._next_records()
+    first = resumed.stream.next_records()
+    second = resumed.stream.next_records()
     assert [r["prompt"] for r in first] == ["p1-0", "p1-1"]
     assert [r["prompt"] for r in second] == ["p2-0", "p2-1"], (
         "the stream resumes after the last prompt handed out"

@@ -107,9 +107,10 @@ def import_backend(module: str, engine: str, install_hint: str) -> Any:
         ) from exc
 
 
-def engine_device(device: str, num_threads: int | None) -> torch.device:
-    """Set the worker's torch threads (None = torch's default) and resolve ``"auto"`` to cuda or cpu."""
-    if num_threads:
+def engine_device(device: str, num_threads: int | str | None) -> torch.device:
+    """Set the worker's torch threads (None, or an ``"auto"`` no strategy resolved: torch's default)
+    and resolve the device ``"auto"`` to cuda or cpu."""
+    if isinstance(num_threads, int) and num_threads > 0:
         torch.set_num_threads(num_threads)
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal
 
 import torch
 
@@ -42,7 +42,8 @@ class DiffusionEngineConfig(EngineConfig):
 
     Args:
         device: ``"auto"`` = cuda if visible, else cpu.
-        num_threads: torch intra-op threads in the worker (None = torch's default).
+        num_threads: torch intra-op threads in the worker: ``"auto"`` = the strategy's CPU rule, an
+            int, or None = torch's default.
         max_batch_size: images per sampling call.
 
     Example::
@@ -52,7 +53,7 @@ class DiffusionEngineConfig(EngineConfig):
 
     family: ClassVar[PolicyFamily] = "diffusion"
     device: str = "auto"
-    num_threads: int | None = 1
+    num_threads: int | Literal["auto"] | None = "auto"
     max_batch_size: int = 64
 
     def build(self, policy: TinyFlowModel | SD3FlowModel, lora: LoraSpec | None = None) -> DiffusionEngine:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import torch
 
@@ -29,7 +29,9 @@ class HFEngineConfig(EngineConfig):
 
     Args:
         device: ``"auto"`` = cuda if visible, else cpu.
-        num_threads: torch intra-op threads in the worker (None = leave torch's default).
+        num_threads: torch intra-op threads in the worker: ``"auto"`` = the strategy's CPU rule (every
+            core while a synchronous run generates; ``ceil(num_cpus_per_worker)`` when async), an
+            int, or None = leave torch's default.
         max_batch_size: sequences per ``generate`` call.
 
     Example::
@@ -38,7 +40,7 @@ class HFEngineConfig(EngineConfig):
     """
 
     device: str = "auto"
-    num_threads: int | None = 1
+    num_threads: int | Literal["auto"] | None = "auto"
     max_batch_size: int = 256
 
     def build(self, policy: PolicySpec, lora: LoraSpec | None = None) -> HFEngine:

@@ -45,14 +45,14 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 from unirl_lightning.envs.coordinator import EpisodeRequest, OnEnvError
 from unirl_lightning.rollout.agentic import AgenticCoordinator, AgenticRolloutController, TailPolicy, root_of
 from unirl_lightning.rollout.controller import StampedGroup
-from unirl_lightning.rollout.loop import Collate, PendingBatch
+from unirl_lightning.rollout.loop import Collate, PendingBatch, PromptStream
 
 __all__ = ["AgenticRolloutLoop", "AgenticSpec", "SuspendingCoordinator"]
 
@@ -131,11 +131,7 @@ class AgenticRolloutLoop:
         self.tail_policy = controller.tail_policy
         # position in the prompt stream
         self.steps = 0
-        self.prompt_batches_used = 0
-        self.prompt_epoch = 0
-        self.epoch_start = 0
-        self.replay: list[list[dict[str, Any]]] = []  # untrained records to submit first after a resume
-        self._prompt_iter: Iterator[list[dict[str, Any]]] | None = None
+        self.stream = PromptStream(prompts)  # untrained records are submitted first after a resume
         self.groups_per_step: int | None = None
         # every group submitted: pending until trained, evicted, dropped or failed
         self.next_root = 0
@@ -157,23 +153,8 @@ class AgenticRolloutLoop:
         self.blocked_s = 0.0  # time the trainer waited on episodes since the last batch
         self._last_progress = time.monotonic()  # when a group last completed (or the step began)
 
-    # -- the prompt stream (as RolloutLoop's: replay first, one endless epoch) ---------------------
     def _next_records(self) -> list[dict[str, Any]]:
-        if self.replay:
-            return self.replay.pop(0)
-        if self._prompt_iter is None:
-            self._prompt_iter = iter(self.prompts)
-            for _ in range(self.prompt_batches_used - self.epoch_start):
-                next(self._prompt_iter)
-        try:
-            records = next(self._prompt_iter)
-        except StopIteration:
-            self.prompt_epoch += 1
-            self.epoch_start = self.prompt_batches_used
-            self._prompt_iter = iter(self.prompts)
-            records = next(self._prompt_iter)
-        self.prompt_batches_used += 1
-        records = list(records)
+        records = self.stream.next_records()
         if self.groups_per_step is None:
             self.groups_per_step = len(records)
         return records
@@ -357,14 +338,12 @@ class AgenticRolloutLoop:
         evicted, dropped or failed) are saved by value: a resume submits them first, as new groups."""
         return {
             "steps": self.steps,
-            "prompt_batches_used": self.prompt_batches_used,
-            "prompt_epoch": self.prompt_epoch,
-            "epoch_start": self.epoch_start,
+            **self.stream.position(),
             "next_gen_id": self.controller.next_gen_id,
             "weight_version": self.controller.weight_version,
             "next_root": self.next_root,
             "groups_per_step": self.groups_per_step,
-            "untrained": list(self.pending.values()) + [r for batch in self.replay for r in batch],
+            "untrained": list(self.pending.values()) + [r for batch in self.stream.replay for r in batch],
             "evicted_groups": self.evicted_groups,
             "failed_groups": self.failed_groups,
             "env_errors": self.env_errors,
@@ -372,15 +351,11 @@ class AgenticRolloutLoop:
 
     def load_loop_state(self, state: dict[str, Any]) -> None:
         self.steps = state["steps"]
-        self.prompt_batches_used = state["prompt_batches_used"]
-        self.prompt_epoch = state["prompt_epoch"]
-        self.epoch_start = state["epoch_start"]
         self.next_root = state["next_root"]
         self.groups_per_step = state["groups_per_step"]
         size = self.groups_per_step or 1
         untrained = list(state["untrained"])
-        self.replay = [untrained[i : i + size] for i in range(0, len(untrained), size)]
+        self.stream.restore(state, [untrained[i : i + size] for i in range(0, len(untrained), size)])
         self.evicted_groups = state["evicted_groups"]
         self.failed_groups = state["failed_groups"]
         self.env_errors = state["env_errors"]
-        self._prompt_iter = None

@@ -41,6 +41,63 @@ Collate = Callable[[list[list[Any]]], Any]
 """``collate(groups) -> batch``: the module's batch type, with its own ``stats`` filled in."""
 
 
+class PromptStream:
+    """The prompt batches a loop launches from: one endless pass after another over ``prompts`` (the
+    datamodule's train dataloader), relaunches first after a resume, and a position that survives a
+    checkpoint. Both rollout loops draw from one.
+
+    ``position()`` / ``restore(position)`` are plain dicts (``prompt_batches_used``, ``prompt_epoch``,
+    ``epoch_start``): a restored stream fast-forwards a fresh pass to where it was. A distributed
+    sampler is told the pass number (``set_epoch``), which Lightning cannot do inside one endless
+    epoch, so each pass is reshuffled.
+    """
+
+    def __init__(self, prompts: Iterable[list[dict[str, Any]]]) -> None:
+        self.prompts = prompts
+        self.batches_used = 0
+        self.epoch = 0
+        self.epoch_start = 0  # batches_used when the current pass began
+        self.replay: list[list[dict[str, Any]]] = []  # records to relaunch first after a resume
+        self._iter: Iterator[list[dict[str, Any]]] | None = None
+
+    def next_records(self) -> list[dict[str, Any]]:
+        if self.replay:
+            return self.replay.pop(0)
+        if self._iter is None:
+            self._iter = self._new_pass()
+            for _ in range(self.batches_used - self.epoch_start):
+                next(self._iter)
+        try:
+            records = next(self._iter)
+        except StopIteration:  # a new pass over the prompts: Lightning sees one endless epoch
+            self.epoch += 1
+            self.epoch_start = self.batches_used
+            self._iter = self._new_pass()
+            records = next(self._iter)
+        self.batches_used += 1
+        return list(records)
+
+    def _new_pass(self) -> Iterator[list[dict[str, Any]]]:
+        set_epoch = getattr(getattr(self.prompts, "sampler", None), "set_epoch", None)  # (as Lightning does)
+        if callable(set_epoch):
+            set_epoch(self.epoch)
+        return iter(self.prompts)
+
+    def position(self) -> dict[str, int]:
+        return {
+            "prompt_batches_used": self.batches_used,
+            "prompt_epoch": self.epoch,
+            "epoch_start": self.epoch_start,
+        }
+
+    def restore(self, position: dict[str, Any], replay: list[list[dict[str, Any]]]) -> None:
+        self.batches_used = position["prompt_batches_used"]
+        self.epoch = position["prompt_epoch"]
+        self.epoch_start = position["epoch_start"]
+        self.replay = [list(records) for records in replay]
+        self._iter = None
+
+
 class PendingBatch:
     """What the loop yields to Lightning: resolved into the real batch by the strategy."""
 
@@ -93,48 +150,18 @@ class RolloutLoop:
         self.extra_stats = extra_stats
         # position in the prompt stream and the requests launched but not yet trained
         self.steps = 0
-        self.prompt_batches_used = 0
-        self.prompt_epoch = 0
-        self.epoch_start = 0  # prompt_batches_used when the current pass over the prompts began
+        self.stream = PromptStream(prompts)
         self.gen_id_offset = 0  # gen_ids used by relaunches after a resume (not counted by the ceiling)
         self.untrained: dict[int, list[dict[str, Any]]] = {}  # gen_id -> prompt records
-        self.replay: list[list[dict[str, Any]]] = []  # records to relaunch first after a resume
         self.evicted_groups = 0
         self.recent_evicted_gen_ids: deque[int] = deque(maxlen=1024)  # for inspection; bounded
         self.blocked_s = 0.0  # time the trainer waited on generation since the last batch
         self.generate_s = 0.0  # generation time of the jobs reaped since the last batch
         self.score_s = 0.0  # reward time of the jobs reaped since the last batch
         self.groups_per_step: int | None = None
-        self._prompt_iter: Iterator[list[dict[str, Any]]] | None = None
-
-    # -- the prompt stream ----------------------------------------------------------------------
-    def _next_records(self) -> list[dict[str, Any]]:
-        if self.replay:
-            return self.replay.pop(0)
-        if self._prompt_iter is None:
-            self._prompt_iter = self._new_pass()
-            for _ in range(self.prompt_batches_used - self.epoch_start):
-                next(self._prompt_iter)
-        try:
-            records = next(self._prompt_iter)
-        except StopIteration:  # a new pass over the prompts: Lightning sees one endless epoch
-            self.prompt_epoch += 1
-            self.epoch_start = self.prompt_batches_used
-            self._prompt_iter = self._new_pass()
-            records = next(self._prompt_iter)
-        self.prompt_batches_used += 1
-        return list(records)
-
-    def _new_pass(self) -> Iterator[list[dict[str, Any]]]:
-        """An iterator over the prompts for pass ``prompt_epoch`` (a distributed sampler reshuffles
-        per pass, which Lightning cannot tell it inside one endless epoch)."""
-        set_epoch = getattr(getattr(self.prompts, "sampler", None), "set_epoch", None)  # (as Lightning does)
-        if callable(set_epoch):
-            set_epoch(self.prompt_epoch)
-        return iter(self.prompts)
 
     def _build(self, gen_id: int) -> Any:
-        records = self._next_records()
+        records = self.stream.next_records()
         if self.groups_per_step is None:
             self.groups_per_step = len(records)
         self.untrained[gen_id] = records
@@ -235,25 +262,20 @@ class RolloutLoop:
     def loop_state(self) -> dict[str, Any]:
         """Plain Python types only. Launched-but-untrained prompts are saved by value: a resume
         relaunches them first."""
+        replay = self.stream.replay
         return {
             "steps": self.steps,
-            "prompt_batches_used": self.prompt_batches_used,
-            "prompt_epoch": self.prompt_epoch,
-            "epoch_start": self.epoch_start,
+            **self.stream.position(),
             "next_gen_id": self.controller.next_gen_id,
             "weight_version": self.controller.weight_version,
-            "gen_id_offset": self.gen_id_offset - len(self.replay),  # a load counts pending relaunches again
-            "untrained": [self.untrained[g] for g in sorted(self.untrained)] + list(self.replay),
+            "gen_id_offset": self.gen_id_offset - len(replay),  # a load counts pending relaunches again
+            "untrained": [self.untrained[g] for g in sorted(self.untrained)] + list(replay),
             "evicted_groups": self.evicted_groups,
         }
 
     def load_loop_state(self, state: dict[str, Any]) -> None:
         self.steps = state["steps"]
-        self.prompt_batches_used = state["prompt_batches_used"]
-        self.prompt_epoch = state["prompt_epoch"]
-        self.epoch_start = state["epoch_start"]
-        self.replay = [list(r) for r in state["untrained"]]
+        self.stream.restore(state, state["untrained"])
         # each relaunch takes a new gen_id; without the offset they would use up the look-ahead
-        self.gen_id_offset = state.get("gen_id_offset", 0) + len(self.replay)
+        self.gen_id_offset = state.get("gen_id_offset", 0) + len(self.stream.replay)
         self.evicted_groups = state["evicted_groups"]
-        self._prompt_iter = None
