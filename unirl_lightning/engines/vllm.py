@@ -147,6 +147,16 @@ class VLLMEngineConfig(EngineConfig):
         return VLLMEngine(self, policy, lora)
 
 
+def _model_context(path: str) -> int:
+    """The model's own position limit from its saved ``config.json`` (vLLM refuses a longer
+    ``max_model_len``); ``CPU_MAX_MODEL_LEN`` when the config does not say."""
+    try:
+        with open(os.path.join(path, "config.json")) as f:
+            return int(json.load(f).get("max_position_embeddings") or CPU_MAX_MODEL_LEN)
+    except (OSError, ValueError):
+        return CPU_MAX_MODEL_LEN
+
+
 class VLLMEngine:
     """Generates groups with ``vllm.LLM.generate``; see the module docstring for the contract."""
 
@@ -194,7 +204,7 @@ class VLLMEngine:
         if config.max_model_len is not None:
             kwargs["max_model_len"] = config.max_model_len
         elif self.on_cpu:  # the CPU KV cache is small: a model's full context (8k for SmolLM2) would not fit
-            kwargs["max_model_len"] = CPU_MAX_MODEL_LEN
+            kwargs["max_model_len"] = min(CPU_MAX_MODEL_LEN, _model_context(served.path))
         if lora is not None:
             kwargs.update(
                 enable_lora=True,
