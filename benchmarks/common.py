@@ -316,3 +316,22 @@ def machine() -> dict[str, Any]:
 
 def median(values: list[float]) -> float:
     return statistics.median(values)
+
+
+def save_figure(fig: Any, path: str | Path) -> None:
+    """Lay out, write (110 dpi) and close a matplotlib figure, saying where it went."""
+    import matplotlib.pyplot as plt
+
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    print(f"wrote {path}")
+
+
+def script_parser(doc: str | None) -> Any:
+    """The argument parser of a benchmark that re-runs itself per configuration (``--child``)."""
+    import argparse
+
+    parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--child", help=argparse.SUPPRESS)
+    return parser

@@ -43,7 +43,6 @@ Prints a breakdown table (ms per step per component) and a final JSON line; writ
 
 from __future__ import annotations
 
-import argparse
 import functools
 import json
 import os
@@ -883,17 +882,11 @@ def plot(results: dict[str, Any], path: Path) -> None:
         f"Where a GRPO step's time goes (2 CPU cores; target fixed overhead <= {TARGET_MS:.0f} ms)",
         fontsize=9,
     )
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    print(f"wrote {path}")
+    common.save_figure(fig, path)
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument("--child", help=argparse.SUPPRESS)
+    parser = common.script_parser(__doc__)
     parser.add_argument("--quick", action="store_true", help="a smoke run: 3 warm-up + 8 steps")
     parser.add_argument("--steps", type=int, default=50)
     parser.add_argument("--warmup", type=int, default=5)

@@ -439,17 +439,11 @@ def plot(results: dict[str, Any], path: Path) -> None:
         f"TRL {config.get('trl', '')}",
         fontsize=9,
     )
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    print(f"wrote {path}")
+    common.save_figure(fig, path)
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument("--child", help=argparse.SUPPRESS)
+    parser = common.script_parser(__doc__)
     parser.add_argument("--quick", action="store_true", help="a smoke run: seed 0 only, 6 s budget")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--configs", nargs="+", default=list(CONFIGS), choices=list(CONFIGS))

@@ -35,7 +35,6 @@ range. Prints a table and a final JSON line; writes ``benchmarks/results/vs_trl.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import sys
@@ -320,17 +319,11 @@ def plot(results: dict[str, Any], path: Path) -> None:
         ax.set_ylabel("completions / s")
         ax.grid(axis="y", alpha=0.3)
     fig.suptitle(f"GRPO vs TRL {results['config'].get('trl', '')} GRPOTrainer, 2 CPU cores", fontsize=10)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    print(f"wrote {path}")
+    common.save_figure(fig, path)
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument("--child", help=argparse.SUPPRESS)
+    parser = common.script_parser(__doc__)
     parser.add_argument("--quick", action="store_true", help="a smoke run: 1 run, 2+3 steps per config")
     parser.add_argument("--runs", type=int, default=3, help="runs per configuration (median reported)")
     parser.add_argument("--steps", type=int, default=16, help="timed steps, base workload")
