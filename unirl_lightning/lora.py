@@ -57,6 +57,13 @@ def apply_lora(model: torch.nn.Module, lora: LoraSpec, default_targets: Iterable
         return get_peft_model(model, config)
 
 
+def unwrapped(model: torch.nn.Module) -> torch.nn.Module:
+    """The model under a PEFT wrapper (the model itself when it has none)."""
+    from peft import PeftModel
+
+    return model.get_base_model() if isinstance(model, PeftModel) else model
+
+
 def effective_weights(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     """The weights ``model`` computes with, by the base model's names (LoRA merged in)."""
     from peft import PeftModel

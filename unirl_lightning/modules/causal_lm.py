@@ -18,6 +18,7 @@ Subclasses (:class:`~unirl_lightning.modules.grpo.GRPOModule`,
 from __future__ import annotations
 
 import functools
+import inspect
 from typing import Any, Literal
 
 import torch
@@ -33,7 +34,7 @@ from unirl_lightning.algorithms import (
 )
 from unirl_lightning.algorithms.kl import KLEstimator
 from unirl_lightning.checks import require_at_least, require_choice, require_in_range
-from unirl_lightning.lora import LLM_LORA_TARGETS, LoraSpec, apply_lora
+from unirl_lightning.lora import LLM_LORA_TARGETS, LoraSpec, apply_lora, unwrapped
 from unirl_lightning.models import PretrainedCausalLM, TinyCausalLM
 from unirl_lightning.modules.base import PolicyGradientModule, RolloutSpec
 from unirl_lightning.rewards import ExactMatchReward, Reward, resolve_reward
@@ -131,13 +132,25 @@ class CausalLMModule(PolicyGradientModule):
         self, model: torch.nn.Module, batch: ExperienceBatch, entropy: bool = False
     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """Log-prob of every next token, ``[N, L-1]``, at the sampling temperature (with
-        ``entropy=True`` also the policy's entropy at every position, detached)."""
-        logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits[:, :-1]
-        logp = token_logprobs(logits, batch.input_ids[:, 1:], self.sampling.temperature)
+        ``entropy=True`` also the policy's entropy at every position, detached).
+
+        Only positions from the batch's first response token on get logits (``logits_to_keep``
+        where the model takes it): the vocabulary projection of prompt positions, most of a real
+        model's logits (49k x width per position for SmolLM2), is never computed; earlier
+        positions read 0 (they are masked out of every loss)."""
+        n, width = batch.input_ids.shape
+        start = first_response_column(batch.response_mask) if accepts_logits_to_keep(model) else 0
+        kwargs = {"logits_to_keep": width - start} if start > 0 else {}
+        logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, **kwargs).logits
+        logits = logits[:, -(width - start) :][:, :-1]  # positions start .. L-2 predict tokens start+1 .. L-1
+        logp = token_logprobs(logits, batch.input_ids[:, start + 1 :], self.sampling.temperature)
+        if start > 0:
+            logp = torch.nn.functional.pad(logp, (start, 0))
         if not entropy:
             return logp
         with torch.no_grad():
-            return logp, entropy_from_logits(logits, self.sampling.temperature)
+            ent = entropy_from_logits(logits, self.sampling.temperature)
+            return logp, torch.nn.functional.pad(ent, (start, 0)) if start > 0 else ent
 
     @torch.no_grad()
     def prepare_batch(self, batch: ExperienceBatch) -> dict[str, Any]:
@@ -191,3 +204,15 @@ class CausalLMModule(PolicyGradientModule):
         if kl is not None:
             metrics["kl"] = masked_mean(kl.detach(), mask)
         return loss, metrics
+
+
+def first_response_column(response_mask: torch.Tensor) -> int:
+    """The first column ``t`` of ``[N, L-1]`` next-token log-probs that any row trains on (the
+    position before the earliest response token); 0 when the mask is empty."""
+    columns = response_mask[:, 1:].any(dim=0).nonzero()
+    return int(columns[0]) if len(columns) else 0
+
+
+def accepts_logits_to_keep(model: torch.nn.Module) -> bool:
+    """Whether the (PEFT-unwrapped) ``transformers`` model computes logits for the last positions only."""
+    return "logits_to_keep" in inspect.signature(unwrapped(model).forward).parameters
