@@ -46,6 +46,7 @@ from __future__ import annotations
 import functools
 import json
 import os
+import re
 import statistics
 import sys
 import tempfile
@@ -559,6 +560,18 @@ def child(cfg: dict[str, Any]) -> None:
     common.emit(result)
 
 
+def portable_path(filename: str) -> str:
+    """A profiled file's path without this machine's prefix: from the package on for installed and
+    standard-library code (``ray/actor.py``, ``copy.py``), relative to the repository for ours."""
+    installed = re.search(r"site-packages/(.+)", filename) or re.search(r"lib/python3\.\d+/(.+)", filename)
+    if installed:
+        return installed.group(1)
+    try:
+        return str(Path(filename).resolve().relative_to(Path(__file__).resolve().parents[1]))
+    except ValueError:
+        return Path(filename).name
+
+
 def cprofile_table(profiler: Any, steps: int, out: str | None, top: int = 30) -> list[dict[str, Any]]:
     import pstats
 
@@ -570,7 +583,7 @@ def cprofile_table(profiler: Any, steps: int, out: str | None, top: int = 30) ->
         rows.append(
             {
                 "function": f"{Path(filename).name}:{line}:{func}",
-                "path": filename,
+                "path": portable_path(filename),
                 "calls_per_step": nc / steps,
                 "own_ms_per_step": 1e3 * tt / steps,
                 "cum_ms_per_step": 1e3 * ct / steps,
