@@ -154,9 +154,8 @@ class RolloutStrategyMixin:
     # -- lifecycle ------------------------------------------------------------------------------
     def setup(self, trainer: Any) -> None:
         super().setup(trainer)  # first: under DDP the pushed weights are those of the wrapped module
-        local_ranks = max(1, trainer.world_size // max(1, trainer.num_nodes))
         if self.root_device.type == "cpu":
-            torch.set_num_threads(self.trainer_threads or self._cpu_threads(local_ranks)["trainer"])
+            torch.set_num_threads(self.trainer_threads or self._cpu_threads(trainer)["trainer"])
         if self.workers is None:
             self._connect_ray(trainer.world_size)
             self._start_rollout(trainer.lightning_module)
@@ -167,7 +166,7 @@ class RolloutStrategyMixin:
         """Generation and training take turns (nothing overlaps): ``max_inflight=1, max_staleness=0``."""
         return self.max_inflight == 1 and self.max_staleness == 0
 
-    def _cpu_threads(self, local_ranks: int) -> dict[str, int]:
+    def _cpu_threads(self, trainer: Any) -> dict[str, int]:
         """The CPU rule: cores on this node for the trainer (per local rank) and for each local worker.
 
         Synchronous runs take turns, so the side that is working gets every core (the idle side's
@@ -176,6 +175,7 @@ class RolloutStrategyMixin:
         live elsewhere and the trainers take the node.
         """
         cores = os.cpu_count() or 1
+        local_ranks = max(1, trainer.world_size // max(1, trainer.num_nodes))
         local_workers = 0 if os.environ.get("RAY_ADDRESS") else local_ranks * self.num_workers
         if self.synchronous or not local_workers:
             return {"trainer": max(1, cores // local_ranks), "worker": max(1, cores // max(1, local_workers))}
@@ -221,10 +221,8 @@ class RolloutStrategyMixin:
         engine = resolve_engine(self.engine, DEFAULT_ENGINES[spec.family], spec.family)
         engine.validate(spec.policy, spec.lora)
         if getattr(engine, "num_threads", None) == "auto":  # the CPU rule (see _cpu_threads)
-            local_ranks = max(
-                1, self.lightning_module.trainer.world_size // max(1, self.lightning_module.trainer.num_nodes)
-            )
-            engine = dataclasses.replace(engine, num_threads=self._cpu_threads(local_ranks)["worker"])
+            worker_threads = self._cpu_threads(self.lightning_module.trainer)["worker"]
+            engine = dataclasses.replace(engine, num_threads=worker_threads)
         self.workers = RolloutWorkerGroup(
             engine,
             spec.policy,

@@ -138,7 +138,7 @@ class CausalLMModule(PolicyGradientModule):
         where the model takes it): the vocabulary projection of prompt positions, most of a real
         model's logits (49k x width per position for SmolLM2), is never computed; earlier
         positions read 0 (they are masked out of every loss)."""
-        n, width = batch.input_ids.shape
+        width = batch.input_ids.shape[1]
         start = first_response_column(batch.response_mask) if accepts_logits_to_keep(model) else 0
         kwargs = {"logits_to_keep": width - start} if start > 0 else {}
         logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, **kwargs).logits
