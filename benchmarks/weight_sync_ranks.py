@@ -1,9 +1,11 @@
-"""Weight-sync time and bytes with 1 vs 2 training ranks, object store vs collective (issue 9).
+"""Weight-sync time and bytes with 1 vs 2 training ranks (DDP and FSDP2), object store vs collective.
 
 Each configuration is a short synchronous GRPO run (``max_staleness=0``) in its own process: 1 rank
-with ``AsyncRolloutStrategy``, or 2 DDP ranks (gloo, CPU) with ``AsyncRolloutDDPStrategy``, one
+with ``AsyncRolloutStrategy``, or 2 ranks (gloo, CPU) with ``AsyncRolloutDDPStrategy`` (every rank
+holds the weights) or ``AsyncRolloutFSDPStrategy`` (every rank holds half: a push gathers them
+first, tensor by tensor for the object store, bucket by bucket for the collective), one
 rollout worker per rank, on a small Llama (hidden 256, 4 layers, ~3.3M parameters, ~13 MB fp32) so
-that the push is not all overhead. Every sync's ``sync/time_s`` (push; the slowest rank) and
+that the push is not all overhead. Every sync's ``sync/time_s`` (push, as rank 0 saw it) and
 ``sync/bytes`` (per rank) is recorded; the median over the steps after the first is reported.
 
 Prints a table and a final JSON line, writes ``benchmarks/results/weight_sync_ranks.json``.
@@ -37,7 +39,11 @@ def child(config: dict) -> None:
     from unirl_lightning.callbacks import WeightSyncCallback, WeightVersionLogger
     from unirl_lightning.data import PromptDataModule
     from unirl_lightning.models import TinyCausalLM
-    from unirl_lightning.strategy import AsyncRolloutDDPStrategy, AsyncRolloutStrategy
+    from unirl_lightning.strategy import (
+        AsyncRolloutDDPStrategy,
+        AsyncRolloutFSDPStrategy,
+        AsyncRolloutStrategy,
+    )
 
     class Syncs(Callback):
         def __init__(self) -> None:
@@ -50,10 +56,11 @@ def child(config: dict) -> None:
     seed_everything(0)
     rollout = dict(max_staleness=0, max_inflight=1, num_workers=1, weight_sync=config["backend"])
     ranks = config["ranks"]
+    parallel = {"single": None, "ddp": AsyncRolloutDDPStrategy, "fsdp": AsyncRolloutFSDPStrategy}[
+        config["parallel"]
+    ]
     strategy = (
-        AsyncRolloutStrategy(**rollout)
-        if ranks == 1
-        else AsyncRolloutDDPStrategy(process_group_backend="gloo", **rollout)
+        AsyncRolloutStrategy(**rollout) if ranks == 1 else parallel(process_group_backend="gloo", **rollout)
     )
     syncs = Syncs()
     trainer = Trainer(
@@ -104,15 +111,18 @@ def main() -> None:
     if args.child:
         child(json.loads(args.child))
         return
+    configs = [(1, "single"), (2, "ddp"), (2, "fsdp")]
     rows = [
-        run({"ranks": ranks, "backend": backend, "steps": args.steps})
+        run({"ranks": ranks, "parallel": parallel, "backend": backend, "steps": args.steps})
         for backend in ("object_store", "collective")
-        for ranks in (1, 2)
+        for ranks, parallel in configs
     ]
-    print(f"{'backend':<13} {'ranks':>5} {'sync ms (median)':>17} {'MB per rank':>12} {'MB total':>9}")
+    print(
+        f"{'backend':<13} {'ranks':>5} {'parallel':>8} {'sync ms (median)':>17} {'MB per rank':>12} {'MB total':>9}"
+    )
     for row in rows:
         print(
-            f"{row['backend']:<13} {row['ranks']:>5} {row['sync_ms_median']:>17.1f} "
+            f"{row['backend']:<13} {row['ranks']:>5} {row['parallel']:>8} {row['sync_ms_median']:>17.1f} "
             f"{row['bytes_per_rank'] / 1e6:>12.2f} {row['bytes_total'] / 1e6:>9.2f}"
         )
     record = {"rows": rows, "model": "TinyCausalLM(hidden 256, 4 layers)", "machine": "2 CPU cores"}

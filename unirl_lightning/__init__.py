@@ -16,6 +16,8 @@ __version__ = "0.1.0"
 _EXPORTS = {
     # the strategy and the modules
     "AsyncRolloutStrategy": "unirl_lightning.strategy",
+    "AsyncRolloutDDPStrategy": "unirl_lightning.strategy",
+    "AsyncRolloutFSDPStrategy": "unirl_lightning.strategy",
     "GRPOModule": "unirl_lightning.modules",
     "AgenticGRPOModule": "unirl_lightning.modules",
     "PPOModule": "unirl_lightning.modules",

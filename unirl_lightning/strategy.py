@@ -40,6 +40,7 @@ import dataclasses
 import logging
 import math
 import os
+import shutil
 import time
 from datetime import timedelta
 from typing import Any, Literal
@@ -47,7 +48,12 @@ from typing import Any, Literal
 import torch
 import torch.distributed as dist
 from jsonargparse.typing import NonNegativeInt, PositiveInt
-from lightning.pytorch.strategies import DDPStrategy, SingleDeviceStrategy, StrategyRegistry
+from lightning.pytorch.strategies import (
+    DDPStrategy,
+    ModelParallelStrategy,
+    SingleDeviceStrategy,
+    StrategyRegistry,
+)
 
 from unirl_lightning.checks import require_at_least, require_choice, require_positive
 from unirl_lightning.engines import EngineConfig, EngineName, check_engine_name, resolve_engine
@@ -418,6 +424,10 @@ class RolloutStrategyMixin:
         partial = f"{path}.partial"
         super().save_checkpoint(checkpoint, partial, storage_options)
         if self.is_global_zero:
+            # a sharded checkpoint is a folder (every rank's shard is in it once the collective save returns
+            # on rank 0); a folder cannot replace another in one step
+            if os.path.isdir(partial) and os.path.exists(path):
+                shutil.rmtree(path) if os.path.isdir(path) else os.remove(path)
             os.replace(partial, path)
 
     def load_checkpoint(self, checkpoint_path: Any, weights_only: bool | None = None) -> dict[str, Any]:
@@ -519,9 +529,70 @@ class AsyncRolloutDDPStrategy(RolloutStrategyMixin, DDPStrategy):
         self.init_rollout(**rollout)
 
 
+class AsyncRolloutFSDPStrategy(RolloutStrategyMixin, ModelParallelStrategy):
+    """Train on several ranks with sharded parameters (FSDP2, Lightning's ``ModelParallelStrategy``)
+    while rollout workers generate asynchronously.
+
+    The module's ``configure_model`` shards its networks (policy, reference, critic) over the device
+    mesh Lightning builds: shape ``(num_nodes, devices)``, used as HSDP (parameters sharded across the
+    devices of a node, replicated across nodes; one node = plain FSDP). Every rank trains on its own
+    prompts (a ``DistributedSampler`` over all ranks, like DDP) and drives its own rollout workers. A
+    weight sync gathers each parameter whole, one tensor at a time (a collective every rank enters at
+    the same RL step), and each rank pushes the full weights to its own workers; the version
+    advances once for everyone and a barrier ends the sync. The peak memory of a push is one gathered
+    tensor on the training device plus the full weights in host memory (what the push ships).
+    Checkpoints are one file by default (full state on rank 0) and resume like the other strategies.
+
+    Args:
+        process_group_backend: ``"gloo"`` (CPU) or ``"nccl"`` (GPU); None = Lightning's choice.
+        timeout_s: timeout of every collective of the training process group.
+        save_distributed_checkpoint: True = every rank writes its shard into a checkpoint folder
+            (large models); False = one file with the full state, written by rank 0.
+        **rollout: the rollout settings, :meth:`RolloutStrategyMixin.init_rollout` (``num_workers`` is
+            per rank).
+
+    Example::
+
+        Trainer(strategy=AsyncRolloutFSDPStrategy(max_staleness=1, num_workers=1), accelerator="cpu",
+                devices=2, max_steps=100)
+    """
+
+    strategy_name = "async_rollout_fsdp"
+
+    def __init__(
+        self,
+        process_group_backend: Literal["gloo", "nccl"] | None = None,
+        timeout_s: float = 1800.0,
+        save_distributed_checkpoint: bool = False,
+        **rollout: Any,
+    ) -> None:
+        super().__init__(
+            save_distributed_checkpoint=save_distributed_checkpoint,
+            process_group_backend=process_group_backend,
+            timeout=timedelta(seconds=require_positive("timeout_s", timeout_s)),
+        )
+        self.init_rollout(**rollout)
+
+    @property
+    def distributed_sampler_kwargs(self) -> dict[str, Any]:
+        """Every rank is a data-parallel replica with prompts of its own (the mesh's second dimension
+        shards parameters, it is not tensor parallelism)."""
+        return {"num_replicas": self.world_size, "rank": self.global_rank}
+
+    def setup(self, trainer: Any) -> None:
+        module = trainer.lightning_module
+        if module.rollout_spec().family != "token":
+            raise ValueError(
+                f"AsyncRolloutFSDPStrategy shards LLM modules (GRPOModule, PPOModule, AgenticGRPOModule); "
+                f"{type(module).__name__} is not one: train it with AsyncRolloutStrategy or AsyncRolloutDDPStrategy"
+            )
+        super().setup(trainer)
+
+
 for _cls, _description in (
     (AsyncRolloutStrategy, "Lightning training on one device + asynchronous rollout workers on Ray"),
     (AsyncRolloutDDPStrategy, "Lightning DDP training ranks + asynchronous rollout workers on Ray"),
+    (AsyncRolloutFSDPStrategy, "Lightning FSDP2 training ranks + asynchronous rollout workers on Ray"),
 ):
     if _cls.strategy_name not in StrategyRegistry:
         StrategyRegistry.register(_cls.strategy_name, _cls, description=f"{_description} (unirl_lightning)")

@@ -1,9 +1,10 @@
-"""A GRPO run on 2 DDP training ranks (CPU, gloo) with one rollout worker per rank, as a script: the
+"""A GRPO run on 2 DDP or FSDP training ranks (CPU, gloo) with one rollout worker per rank, as a script: the
 tests run it in a subprocess (Lightning's DDP launcher re-runs this script for rank 1) and read the
 ``rank<r>.json`` file each rank writes: every step's version, row versions, gen_ids, prompts and
 metrics, a checksum of the trained weights and whether the workers hold them bit for bit.
 
     python tests/distributed/ddp_run.py --out DIR --mode sync|async --max-steps N [--ckpt PATH]
+        [--parallel ddp|fsdp] [--sharded-checkpoint] [--weight-sync object_store|collective]
 """
 
 from __future__ import annotations
@@ -25,7 +26,9 @@ from lightning.pytorch.callbacks import ModelCheckpoint  # noqa: E402
 from tests.builders import tiny_module  # noqa: E402
 from unirl_lightning.callbacks import WeightSyncCallback, WeightVersionLogger  # noqa: E402
 from unirl_lightning.data import PromptDataModule  # noqa: E402
-from unirl_lightning.strategy import AsyncRolloutDDPStrategy  # noqa: E402
+from unirl_lightning.lora import LoraSpec  # noqa: E402
+from unirl_lightning.sharding import full_tensor, local_numel  # noqa: E402
+from unirl_lightning.strategy import AsyncRolloutDDPStrategy, AsyncRolloutFSDPStrategy  # noqa: E402
 
 
 class Record(Callback):
@@ -54,23 +57,42 @@ class Record(Callback):
         self.steps[-1]["ratio_mean"] = float(mine["ratio_mean"])
         self.steps[-1]["logp_diff_abs"] = float(mine["logp_diff_abs"])
 
+    def on_train_start(self, trainer, pl_module):  # after a resume has restored the weights
+        self.workers_equal_at_start = workers_hold(trainer, whole_state(pl_module))
+
     def on_train_end(self, trainer, pl_module):  # before the strategy stops the workers
         strategy = trainer.strategy
-        trainer_state = dict(pl_module.policy.state_dict())
+        trainer_state = whole_state(pl_module)
+        held, total = local_numel(pl_module.policy)
         loop = strategy.loop
         self.final = {
             "rank": trainer.global_rank,
             "steps": self.steps,
             "checksum": checksum(trainer_state),
-            "workers_equal": all(
-                all(torch.equal(worker[k], v) for k, v in trainer_state.items())
-                for worker in strategy.workers.call("state_dict")
-            ),
+            "held_fraction": held / total,
+            "workers_equal_at_start": self.workers_equal_at_start,
+            "workers_equal": workers_hold(trainer, trainer_state),
             "next_gen_id": loop.controller.next_gen_id,
             "untrained": sorted(loop.untrained),
             "evicted": list(loop.recent_evicted_gen_ids),
             "untrained_prompts": sorted(r["prompt"] for records in loop.untrained.values() for r in records),
         }
+
+
+def whole_state(pl_module) -> dict:
+    """The policy's tensors whole (a sharded policy is gathered: every rank runs this, in the same order)."""
+    return {k: full_tensor(v) for k, v in pl_module.policy.state_dict().items()}
+
+
+def workers_hold(trainer, state: dict) -> bool | None:
+    """Whether every rollout worker of this rank holds ``state`` bit for bit (None with LoRA: the
+    workers hold the merged weights under other names; the on-policy pin checks them)."""
+    if trainer.lightning_module.lora is not None:
+        return None
+    return all(
+        all(torch.equal(worker[k], v) for k, v in state.items())
+        for worker in trainer.strategy.workers.call("state_dict")
+    )
 
 
 def checksum(state: dict) -> str:
@@ -86,14 +108,26 @@ def main() -> None:
     parser.add_argument("--mode", choices=["sync", "async"], required=True)
     parser.add_argument("--max-steps", type=int, required=True)
     parser.add_argument("--ckpt", default=None)
+    parser.add_argument("--parallel", choices=["ddp", "fsdp"], default="ddp")
+    parser.add_argument("--sharded-checkpoint", action="store_true", help="FSDP: a folder of shards")
+    parser.add_argument("--lora", type=int, default=0, help="LoRA rank (0 = full fine-tuning)")
+    parser.add_argument("--weight-sync", choices=["object_store", "collective"], default="object_store")
     args = parser.parse_args()
     out = Path(args.out)
     torch.set_num_threads(1)
     seed_everything(0)
     staleness, inflight = (0, 1) if args.mode == "sync" else (1, 2)
-    strategy = AsyncRolloutDDPStrategy(
-        process_group_backend="gloo", max_staleness=staleness, max_inflight=inflight, num_workers=1
+    settings = dict(
+        process_group_backend="gloo",
+        max_staleness=staleness,
+        max_inflight=inflight,
+        num_workers=1,
+        weight_sync=args.weight_sync,
     )
+    if args.parallel == "ddp":
+        strategy = AsyncRolloutDDPStrategy(**settings)
+    else:
+        strategy = AsyncRolloutFSDPStrategy(save_distributed_checkpoint=args.sharded_checkpoint, **settings)
     record = Record()
     trainer = Trainer(
         accelerator="cpu",
@@ -110,7 +144,7 @@ def main() -> None:
         enable_progress_bar=False,
         enable_model_summary=False,
     )
-    module = tiny_module()
+    module = tiny_module(lora=LoraSpec(rank=args.lora) if args.lora else None)
     data = PromptDataModule(
         train="digit_successor",
         batch_size=4,

@@ -147,10 +147,19 @@ def test_the_same_recipe_is_served_by_another_engine_with_a_strategy_change_only
     assert hf.model == vllm.model, "changing the engine must not touch the model section"
 
 
-def test_the_ddp_and_real_model_recipes_parse():
+def test_the_ddp_fsdp_and_real_model_recipes_parse():
     ddp = ParseOnlyCLI(args=["--config", str(RECIPE.parent / "grpo_tiny_ddp.yaml")], run=False).config
     assert ddp.trainer.strategy.class_path == "unirl_lightning.strategy.AsyncRolloutDDPStrategy"
     assert ddp.trainer.devices == 2 and ddp.trainer.strategy.init_args.num_workers == 1
+    fsdp = ParseOnlyCLI(args=["--config", str(RECIPE.parent / "grpo_tiny_fsdp.yaml")], run=False).config
+    assert fsdp.trainer.strategy.class_path == "unirl_lightning.strategy.AsyncRolloutFSDPStrategy"
+    assert fsdp.model == ddp.model, "the FSDP recipe trains the DDP recipe's model"
+    gpu = ParseOnlyCLI(
+        args=["--config", str(RECIPE.parent / "grpo_qwen2.5_7b_fsdp_vllm.yaml")], run=False
+    ).config
+    strategy = gpu.trainer.strategy.init_args
+    assert strategy.process_group_backend == "nccl" and strategy.save_distributed_checkpoint is True
+    assert init_args(strategy.engine).gpu_memory_utilization == 0.85 and gpu.trainer.devices == 4
     smol = ParseOnlyCLI(args=["--config", str(RECIPE.parent / "grpo_smollm2_cpu.yaml")], run=False).config
     policy = init_args(smol.model.init_args.policy)
     assert policy.name_or_path == "smollm2-135m-instruct" and policy.chat is True

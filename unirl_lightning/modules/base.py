@@ -38,6 +38,7 @@ from unirl_lightning.checks import require_at_least
 from unirl_lightning.rollout.agentic_loop import AgenticSpec
 from unirl_lightning.rollout.loop import RolloutOrder
 from unirl_lightning.rollout.types import PolicyFamily
+from unirl_lightning.sharding import full_tensor
 
 
 @dataclass
@@ -208,7 +209,7 @@ class PolicyGradientModule(RLModule):
                 metrics = self.backward_minibatch(batch.select(mb), select_rows(context, mb))
                 if not first:
                     grads = [p.grad for p in self.parameters() if p.grad is not None]
-                    first = {**metrics, "grad_norm": torch.nn.utils.get_total_norm(grads)}
+                    first = {**metrics, "grad_norm": full_tensor(torch.nn.utils.get_total_norm(grads))}
                 if self.max_grad_norm > 0:
                     self.clip_gradients(
                         optimizer, gradient_clip_val=self.max_grad_norm, gradient_clip_algorithm="norm"

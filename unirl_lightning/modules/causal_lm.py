@@ -39,6 +39,7 @@ from unirl_lightning.models import PretrainedCausalLM, TinyCausalLM
 from unirl_lightning.modules.base import PolicyGradientModule, RolloutSpec
 from unirl_lightning.rewards import ExactMatchReward, Reward, resolve_reward
 from unirl_lightning.rollout.types import ExperienceBatch, SamplingParams
+from unirl_lightning.sharding import shard_children
 
 OldLogprob = Literal["rollout", "recompute"]
 
@@ -123,6 +124,13 @@ class CausalLMModule(PolicyGradientModule):
             collate=functools.partial(ExperienceBatch.collate, pad_token_id=self.tokenizer.pad_token_id),
             family="token",
         )
+
+    def configure_model(self) -> None:
+        """Under a sharding strategy (``AsyncRolloutFSDPStrategy``: Lightning gives the module a
+        device mesh) every network of the module is sharded with FSDP2, one shard group per
+        transformer block; otherwise nothing happens."""
+        if self.device_mesh is not None:
+            shard_children(self, self.device_mesh)
 
     def eval_sampling(self, temperature: float) -> SamplingParams:
         return SamplingParams(temperature=temperature, max_new_tokens=self.sampling.max_new_tokens)

@@ -7,6 +7,8 @@ from typing import Any, Protocol
 
 import torch
 
+from unirl_lightning.sharding import full_tensor, is_sharded
+
 
 @dataclass
 class SyncStats:
@@ -21,8 +23,10 @@ class WeightSync(Protocol):
     def close(self) -> None: ...
 
 
-def named_weights(model: torch.nn.Module) -> dict[str, torch.Tensor]:
-    """The tensors an engine needs, by the names its own copy of the model uses.
+def weight_tensors(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """The tensors an engine needs, by the names its own copy of the model uses, as the model holds
+    them (a sharded model's are ``DTensor`` shards: read them whole with
+    :func:`~unirl_lightning.sharding.full_tensor`, or call :func:`named_weights`).
 
     For a ``peft`` model with LoRA adapters only the adapter tensors are returned (adapter-only
     sync); otherwise every parameter and floating buffer of the model's state dict, each storage
@@ -36,13 +40,26 @@ def named_weights(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     if PeftModel is not None and isinstance(model, PeftModel):
         return {k: v.detach() for k, v in get_peft_model_state_dict(model).items()}
     tensors: dict[str, torch.Tensor] = {}
-    seen: set[tuple[int, int]] = set()
-    for name, tensor in model.state_dict().items():
-        key = (tensor.untyped_storage().data_ptr(), tensor.storage_offset())
+    seen: set[Any] = set()
+    for name, tensor in model.state_dict(keep_vars=True).items():
+        # a shard's local storage can be empty (a small tensor on a high rank): shards are told
+        # apart by object (tied names share one parameter object), plain tensors by storage
+        key = (
+            id(tensor)
+            if is_sharded(tensor)
+            else (tensor.untyped_storage().data_ptr(), tensor.storage_offset())
+        )
         if tensor.is_floating_point() and key not in seen:
             seen.add(key)
             tensors[name] = tensor.detach()
     return tensors
+
+
+def named_weights(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """:func:`weight_tensors`, whole. A sharded (FSDP2) model's tensors are gathered one at a time
+    and each is moved to the host as soon as it is whole (the training device holds one gathered
+    tensor at a time): a collective that every training rank enters with the same model."""
+    return {name: full_tensor(t).cpu() if is_sharded(t) else t for name, t in weight_tensors(model).items()}
 
 
 def tensor_bytes(tensors: dict[str, torch.Tensor]) -> int:

@@ -18,7 +18,8 @@ import ray
 import torch
 import torch.distributed as dist
 
-from unirl_lightning.weight_sync.base import SyncStats, named_weights, tensor_bytes
+from unirl_lightning.sharding import full_tensor
+from unirl_lightning.weight_sync.base import SyncStats, tensor_bytes, weight_tensors
 from unirl_lightning.weight_sync.buckets import weight_buckets
 
 Layout = list[list[tuple[str, tuple[int, ...]]]]  # buckets of (name, shape)
@@ -126,7 +127,8 @@ class CollectiveWeightSync:
 
     def push(self, model: torch.nn.Module, workers: Any, weight_version: int) -> SyncStats:
         start = time.perf_counter()
-        tensors = {k: v.contiguous() for k, v in named_weights(model).items()}
+        # as the trainer holds them: a sharded model is gathered bucket by bucket below, never whole
+        tensors = weight_tensors(model)
         device = next(iter(tensors.values())).device
         if self._group is None or self._workers_key != tuple(workers.workers):
             self._connect(workers, device)
@@ -137,7 +139,7 @@ class CollectiveWeightSync:
         ]
         timeout = datetime.timedelta(seconds=self.timeout_s)
         for index, bucket in enumerate(layout):
-            flat = torch.cat([tensors[name].reshape(-1) for name, _ in bucket])
+            flat = torch.cat([full_tensor(tensors[name]).reshape(-1) for name, _ in bucket])
             try:
                 self._group.broadcast([flat], dist.BroadcastOptions()).wait(timeout)
             except RuntimeError as exc:
