@@ -31,7 +31,9 @@ global batch is ranks x batch_size; rank 0 starts (or joins) Ray and the other r
 sync is collective: every rank reaches it at the same RL step (the cadence is a step count), quiesces
 its workers, pushes its replica of the weights (identical under DDP) to them, advances the same
 version, and a barrier ends it. Checkpoints hold every rank's loop state; a resume needs the same
-number of ranks.
+number of ranks. :class:`AsyncRolloutFSDPStrategy` is the same again on Lightning's
+``ModelParallelStrategy`` (FSDP2): the module shards its networks in ``configure_model`` and a sync
+gathers the sharded weights whole before each rank pushes them (see ``unirl_lightning.sharding``).
 """
 
 from __future__ import annotations
