@@ -35,6 +35,9 @@ Guarantees, beyond the contract:
 * **Sleep/wake** use ``LLM.sleep(level=...)`` / ``LLM.wake_up()`` where the platform supports vLLM's
   sleep mode (CUDA); elsewhere both are no-ops. ``generate`` and ``load_weights`` wake a sleeping
   engine first.
+* **Multi-turn episodes**: ``generate_ids`` samples one completion per row of token ids (the whole
+  context of each live episode), with the same log-prob and stop rules, so the agentic coordinator
+  runs on vLLM as on the HF engine.
 * The tiny test policy (:class:`~unirl_lightning.models.TinyCausalLM`) is saved with
   ``save_pretrained`` to a temporary directory that vLLM loads (no hub); a
   :class:`~unirl_lightning.models.PretrainedCausalLM` is loaded from its own ``name_or_path``.
@@ -69,7 +72,7 @@ from unirl_lightning.engines.base import EngineConfig, import_backend, make_grou
 from unirl_lightning.engines.serving import is_lora_push, lora_adapter_config, materialize_policy
 from unirl_lightning.lora import LoraSpec
 from unirl_lightning.models import PolicySpec, TinyCausalLM
-from unirl_lightning.rollout.types import Rollout, RolloutRequest
+from unirl_lightning.rollout.types import FinishReason, Rollout, RolloutRequest, SamplingParams
 from unirl_lightning.weight_sync.buckets import pack_tensors, weight_buckets
 
 __all__ = ["VLLMEngine", "VLLMEngineConfig", "import_vllm"]
@@ -306,10 +309,35 @@ class VLLMEngine:
 
     # -- generation ------------------------------------------------------------------------------
     def generate(self, request: RolloutRequest) -> list[list[Rollout]]:
+        tok = self.tokenizer
+        prompt_ids = [self.policy.prompt_ids(tok, record) for record in request.records]
+        params = [
+            self._params(
+                request.sampling, request.n, None if request.seed is None else request.seed + i * request.n
+            )
+            for i in range(len(prompt_ids))
+        ]
+        groups: list[list[Rollout]] = []
+        for i, (ids, output) in enumerate(zip(prompt_ids, self._run(prompt_ids, params))):
+            samples = [self._sample(s) for s in output.outputs]
+            groups.append(make_group(request, i, ids, samples, tok, self.weight_version))
+        return groups
+
+    def generate_ids(
+        self, prompt_ids: list[list[int]], sampling: SamplingParams, seed: int | None = None
+    ) -> list[tuple[list[int], list[float], FinishReason]]:
+        """The token-level entry point (the agentic coordinator's): one sample per row of
+        ``prompt_ids`` (token ids, any lengths; row ``i`` seeded with ``seed + i``), as
+        ``(completion_ids, logprobs, finish_reason)``. The ids go to vLLM as they are, so earlier
+        turns of an episode are never re-tokenized."""
+        params = [
+            self._params(sampling, 1, None if seed is None else seed + i) for i in range(len(prompt_ids))
+        ]
+        return [self._sample(output.outputs[0]) for output in self._run(prompt_ids, params)]
+
+    def _params(self, sampling: SamplingParams, n: int, seed: int | None) -> Any:
         from vllm import SamplingParams as VLLMSamplingParams
 
-        self.wake()
-        sampling = request.sampling
         greedy = sampling.temperature == 0
         if sampling.top_p < 1 and not greedy and not self._warned_top_p:
             log.warning(
@@ -318,42 +346,37 @@ class VLLMEngine:
                 sampling.top_p,
             )
             self._warned_top_p = True
-        tok = self.tokenizer
-        prompt_ids = [self.policy.prompt_ids(tok, record) for record in request.records]
-        params = []
-        for i in range(len(request.records)):
-            params.append(
-                VLLMSamplingParams(
-                    n=request.n,
-                    temperature=sampling.temperature,
-                    top_p=1.0 if greedy else sampling.top_p,
-                    max_tokens=sampling.max_new_tokens,
-                    stop=list(sampling.stop) or None,
-                    stop_token_ids=self.stop_ids,  # EOS (and a chat template's end of turn), kept
-                    logprobs=0,  # the sampled token's log-prob only
-                    seed=None if request.seed is None else request.seed + i * request.n,
-                    detokenize=bool(sampling.stop),  # stop strings need text; otherwise we decode
-                )
-            )
-        outputs = self.llm.generate(
+        return VLLMSamplingParams(
+            n=n,
+            temperature=sampling.temperature,
+            top_p=1.0 if greedy else sampling.top_p,
+            max_tokens=sampling.max_new_tokens,
+            stop=list(sampling.stop) or None,
+            stop_token_ids=self.stop_ids,  # EOS (and a chat template's end of turn), kept
+            logprobs=0,  # the sampled token's log-prob only
+            seed=seed,
+            detokenize=bool(sampling.stop),  # stop strings need text; otherwise we decode
+        )
+
+    def _run(self, prompt_ids: list[list[int]], params: list[Any]) -> list[Any]:
+        self.wake()
+        return self.llm.generate(
             [{"prompt_token_ids": ids} for ids in prompt_ids],
             params,
             use_tqdm=False,
             lora_request=self._lora_request,
         )
-        groups: list[list[Rollout]] = []
-        for i, (ids, output) in enumerate(zip(prompt_ids, outputs)):
-            samples = []
-            for sample in output.outputs:
-                completion = list(sample.token_ids)
-                if sample.logprobs is None or len(sample.logprobs) != len(completion):
-                    raise RuntimeError(
-                        f"vLLM returned {0 if sample.logprobs is None else len(sample.logprobs)} log-prob "
-                        f"entries for {len(completion)} tokens"
-                    )
-                logprobs = [float(entry[token].logprob) for entry, token in zip(sample.logprobs, completion)]
-                if sample.finish_reason not in ("stop", "length"):
-                    raise RuntimeError(f"vLLM finished a sample with {sample.finish_reason!r}")
-                samples.append((completion, logprobs, sample.finish_reason))
-            groups.append(make_group(request, i, ids, samples, tok, self.weight_version))
-        return groups
+
+    @staticmethod
+    def _sample(sample: Any) -> tuple[list[int], list[float], FinishReason]:
+        """One vLLM completion as ``(token_ids, sampled-token log-probs, finish_reason)``."""
+        completion = list(sample.token_ids)
+        if sample.logprobs is None or len(sample.logprobs) != len(completion):
+            raise RuntimeError(
+                f"vLLM returned {0 if sample.logprobs is None else len(sample.logprobs)} log-prob "
+                f"entries for {len(completion)} tokens"
+            )
+        logprobs = [float(entry[token].logprob) for entry, token in zip(sample.logprobs, completion)]
+        if sample.finish_reason not in ("stop", "length"):
+            raise RuntimeError(f"vLLM finished a sample with {sample.finish_reason!r}")
+        return completion, logprobs, sample.finish_reason

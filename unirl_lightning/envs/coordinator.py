@@ -40,8 +40,8 @@ Environment errors
 Requirements on the engine
     ``generate_ids(prompt_ids: list[list[int]], sampling, seed) -> [(completion_ids, logprobs,
     finish_reason)]``, a ``tokenizer`` (HF: ``__call__``, ``decode``, ``apply_chat_template`` for chat
-    observations) and ``weight_version``. The HF engine has them; others raise ``NotImplementedError``
-    naming the engine when a coordinator is built on them.
+    observations) and ``weight_version``. The HF and vLLM engines have them; others raise
+    ``NotImplementedError`` naming the engine when a coordinator is built on them.
 
 This module imports only the standard library and :mod:`unirl_lightning.envs` at import time (the
 sample record type is imported when a coordinator is built, inside the worker).
@@ -161,7 +161,7 @@ class EpisodeCoordinator:
         if not callable(getattr(engine, "generate_ids", None)):
             raise NotImplementedError(
                 f"agentic rollouts need the engine's token-level generate_ids(prompt_ids, sampling, seed); "
-                f"{type(engine).__name__} does not implement it yet: serve agentic modules with engine='hf'"
+                f"{type(engine).__name__} does not implement it yet: serve agentic modules with engine='hf' or 'vllm'"
             )
         if on_env_error not in _ON_ENV_ERROR:
             raise ValueError(f"on_env_error must be one of {_ON_ENV_ERROR}, got {on_env_error!r}")
