@@ -308,3 +308,54 @@ def test_calculator_records_need_the_tool_and_have_correct_answers():
 def test_calculator_records_reject_bad_arguments(kwargs, message):
     with pytest.raises(ValueError, match=message):
         calculator_records(1, **kwargs)
+
+
+# ---------------------------------------------------------------- shaping for small models
+
+
+COMPACT = {"prompt": "37*12+5?", "answer": "449", "expression": "37*12+5"}
+
+
+def test_the_equals_key_evaluates_the_question_and_is_off_by_default():
+    keyed = CalculatorEnv(max_turns=2, syntax="compact", equals_key=True)
+    keyed.reset(COMPACT)
+    call = keyed.step("=")
+    assert (call.observation, call.info["tool_calls"], call.info["expression"]) == ("449,", 1, "37*12+5")
+    plain = CalculatorEnv(max_turns=2, syntax="compact")
+    plain.reset(COMPACT)
+    assert plain.step("=").observation == "?,"  # an empty expression is refused
+
+
+def test_the_equals_key_needs_the_compact_syntax_and_the_records_expression():
+    with pytest.raises(ValueError, match="equals_key=True needs syntax='compact'"):
+        CalculatorEnv(syntax="xml", equals_key=True)
+    env = CalculatorEnv(syntax="compact", equals_key=True)
+    with pytest.raises(ValueError, match="needs record key 'expression'"):
+        env.reset({"prompt": "37*12+5?", "answer": "449"})
+
+
+@pytest.mark.parametrize(
+    "turns, reward",
+    [
+        (["=", "449"], 1.0),  # exact after a call
+        (["=", "440"], 0.5 * 2 / 3),  # two of three digits, after a successful call
+        (["440"], 0.0),  # no call: only an exact answer scores
+        (["1/0=", "440"], 0.0),  # a refused call is not a successful one
+    ],
+)
+def test_tool_credit_pays_digits_only_after_a_successful_tool_call(turns, reward):
+    env = CalculatorEnv(max_turns=3, syntax="compact", equals_key=True, tool_credit=True)
+    env.reset(COMPACT)
+    for text in turns:
+        result = env.step(text)
+    assert result.done and result.reward == pytest.approx(reward)
+
+
+def test_digit_credit_is_half_the_matching_positions_over_the_longer_text():
+    from unirl_lightning.envs import digit_credit
+
+    assert digit_credit("449", COMPACT) == 1.0
+    assert digit_credit("4490", COMPACT) == pytest.approx(
+        0.5 * 3 / 4
+    )  # math-verify refuses it; 3 of 4 positions
+    assert digit_credit("9", COMPACT) == 0.0

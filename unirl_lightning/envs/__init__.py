@@ -34,6 +34,7 @@ from unirl_lightning.envs.calculator import (
     CalculatorEnv,
     CalculatorError,
     calculator_records,
+    digit_credit,
     parse_calculator_turn,
     safe_eval,
 )
@@ -57,6 +58,7 @@ __all__ = [
     "Split",
     "StepResult",
     "calculator_records",
+    "digit_credit",
     "guessing_records",
     "import_environment_class",
     "parse_calculator_turn",

@@ -17,6 +17,9 @@ Syntax (``syntax="compact"``, for the tiny character-level model; the initial ob
     * tool call: a turn ending in ``=``, e.g. ``37*12=`` -> observation ``444,``;
     * final answer: a turn that is just a number, e.g. ``449`` -> ``done``, scored as above;
     * anything else, or an expression the calculator refuses -> observation ``?,``.
+    * with ``equals_key=True``, a turn that is just ``=`` evaluates the question as typed (the
+      record's ``expression``: the calculator's equals key), so a small model can reach the tool
+      without copying the expression first.
     A solved episode reads ``37*12+5?`` | ``37*12+5=`` | ``449,`` | ``449``: two copies, which a
     small model can plausibly learn by RL; division and parentheses are not in the tiny vocabulary.
     Model turns end with EOS; do not make ``=`` a stop string that the engine strips from the text.
@@ -59,6 +62,7 @@ from unirl_lightning.rewards.math import MathVerifyReward
 
 __all__ = [
     "CALCULATOR_INSTRUCTIONS",
+    "digit_credit",
     "CalculatorEnv",
     "CalculatorError",
     "CalculatorSyntax",
@@ -238,6 +242,11 @@ class CalculatorEnv(Environment):
         max_expression_chars: longest expression the calculator evaluates.
         max_magnitude: largest absolute value of any number the calculator handles.
         decimals: decimal places of non-integer results.
+        equals_key: ``compact`` syntax only: a turn that is just ``=`` calls the calculator on the
+            record's ``expression`` (see the module docstring).
+        tool_credit: shaping for small models: a wrong final answer given after at least one
+            successful tool call earns :func:`digit_credit` (up to 0.5) instead of 0; without a
+            tool call only an exact answer scores.
 
     Example::
 
@@ -261,10 +270,14 @@ class CalculatorEnv(Environment):
         max_expression_chars: int = 100,
         max_magnitude: int = 10**15,
         decimals: int = 6,
+        equals_key: bool = False,
+        tool_credit: bool = False,
     ) -> None:
         super().__init__(max_turns)
         if syntax not in _SYNTAXES:
             raise ValueError(f"CalculatorEnv syntax={syntax!r} is invalid; expected one of {_SYNTAXES}.")
+        if equals_key and syntax != "compact":
+            raise ValueError("CalculatorEnv equals_key=True needs syntax='compact' (a bare '=' turn)")
         for name, value, low, high in (
             ("max_expression_chars", max_expression_chars, 1, 1000),
             ("max_magnitude", max_magnitude, 1, 10**100),
@@ -280,12 +293,14 @@ class CalculatorEnv(Environment):
         self.max_expression_chars = max_expression_chars
         self.max_magnitude = max_magnitude
         self.decimals = decimals
+        self.equals_key = equals_key
+        self.tool_credit = tool_credit
         self.tool_calls = 0
         self.tool_errors = 0
         self.format_errors = 0
 
     def on_reset(self, record: dict[str, Any]) -> Observation:
-        for key in ("prompt", self.answer_key):
+        for key in ("prompt", self.answer_key) + (("expression",) if self.equals_key else ()):
             if key not in record:
                 raise ValueError(
                     f"CalculatorEnv needs record key {key!r}; the record has keys {sorted(record)}: "
@@ -303,9 +318,13 @@ class CalculatorEnv(Environment):
         kind, payload = parse_calculator_turn(assistant_text, self.syntax)
         if kind == "answer":
             reward = score_batch(self.reward, [payload], [self.record])[0]
+            if self.tool_credit and reward < 1.0 and self.tool_calls > self.tool_errors:
+                reward = max(reward, digit_credit(payload, self.record, self.answer_key))
             return StepResult(None, reward, done=True, info={**self._counts(), "answer": payload})
         if kind == "call":
             self.tool_calls += 1
+            if self.equals_key and not payload:
+                payload = self.record["expression"]
             try:
                 value = safe_eval(payload, self.max_expression_chars, self.max_magnitude)
             except CalculatorError as err:
@@ -330,6 +349,25 @@ class CalculatorEnv(Environment):
 
     def __repr__(self) -> str:
         return f"CalculatorEnv(max_turns={self.max_turns}, syntax={self.syntax!r}, reward={self.reward!r})"
+
+
+def digit_credit(answer_text: str, record: dict[str, Any], answer_key: str = "answer") -> float:
+    """A shaped score for the final answer: 1.0 when math-verify accepts it, otherwise half the
+    fraction of digit positions that match the reference (left-aligned, over the longer of the two),
+    so a model that copies part of a tool result already earns something (``CalculatorEnv(tool_credit=True)``
+    uses it after a successful tool call).
+
+    >>> digit_credit("3711", {"answer": "3711"}), digit_credit("3719", {"answer": "3711"}), digit_credit("", {"answer": "3711"})
+    (1.0, 0.375, 0.0)
+    """
+    reference = str(record[answer_key])
+    if score_batch(MathVerifyReward(answer_key=answer_key), [answer_text], [record])[0] == 1.0:
+        return 1.0
+    given = answer_text.strip()
+    width = max(len(given), len(reference))
+    if not width:
+        return 0.0
+    return 0.5 * sum(a == b for a, b in zip(given, reference)) / width
 
 
 def calculator_records(
