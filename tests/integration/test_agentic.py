@@ -8,7 +8,9 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+import torch
 from lightning.pytorch import seed_everything
+from lightning.pytorch.callbacks import ModelCheckpoint
 
 from tests.builders import StepRecorder, make_trainer
 from unirl_lightning.callbacks import WeightSyncCallback, WeightVersionLogger
@@ -195,6 +197,39 @@ def test_groups_are_stamped_at_completion_and_keep_the_pre_sync_version(interrup
 def test_every_interrupted_episode_is_trained_at_most_once_and_none_is_lost(interrupted_run):
     _, _, loop, _, module = interrupted_run
     assert_every_group_accounted_for(loop, module)
+
+
+# -- kill-and-resume --------------------------------------------------------------------------------
+def test_an_agentic_run_resumes_from_its_checkpoint_repeating_no_prompt(tmp_path):
+    """Long (12-turn) episodes are live at every checkpoint; a new process resumes from ``last.ckpt``:
+    the checkpoint's untrained prompts are submitted again and no prompt is trained twice."""
+    env = {"class_path": COUNTDOWN, "init_args": {"step_sleep_s": 0.01}}
+    checkpoints = tmp_path / "ckpt"
+
+    def run(max_steps: int, ckpt_path=None):
+        seed_everything(0)
+        module = agentic_module(env, tail_policy="carry")
+        strategy = AsyncRolloutStrategy(max_staleness=1, max_inflight=2, trainer_threads=1)
+        recorder = StepRecorder()
+        checkpoint = ModelCheckpoint(checkpoints, every_n_train_steps=1, save_last=True)
+        trainer = make_trainer(tmp_path, strategy, max_steps, [WeightSyncCallback(), recorder, checkpoint])
+        try:
+            trainer.fit(module, datamodule=countdown_data(pattern=(1, 12)), ckpt_path=ckpt_path)
+        finally:
+            strategy.shutdown()
+        prompts = [module.tokenizer.decode(group[0].prompt_ids) for group in module.trained_groups]
+        return prompts, recorder, trainer
+
+    first, first_steps, _ = run(4)
+    saved = torch.load(checkpoints / "last.ckpt", weights_only=True)["unirl_rollout"]["ranks"][0]
+    untrained = {record["prompt"] for record in saved["untrained"]}
+    assert untrained, "the checkpoint should hold submitted, untrained groups (live long episodes)"
+    second, second_steps, trainer = run(8, checkpoints / "last.ckpt")
+    assert trainer.global_step == 8 and len(second_steps.steps) == 4
+    assert not set(first) & set(second), "a prompt was trained before and after the resume"
+    assert len(second) == len(set(second))
+    assert untrained & set(second), "the checkpoint's untrained prompts were not submitted again"
+    assert second_steps.steps[0]["version"] > first_steps.steps[-1]["version"]
 
 
 # -- crashing environments --------------------------------------------------------------------------
