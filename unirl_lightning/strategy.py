@@ -302,7 +302,10 @@ class RolloutStrategyMixin:
                 max_inflight=self.max_inflight,
                 seed=rank_seed,
                 stall_timeout_s=self.generation_timeout_s,
-                extra_stats=lambda: {"rollout/worker_restarts": float(self.workers.restarts)},
+                extra_stats=lambda: {
+                    "rollout/worker_restarts": float(self.workers.restarts),
+                    "agentic/relaunched_episodes": float(self.episodes.relaunched),
+                },
             )
         else:
             self.loop = RolloutLoop(

@@ -4,6 +4,7 @@ cleanly), the TensorBoard tags, and the recipes."""
 
 from __future__ import annotations
 
+import signal
 from dataclasses import replace
 from pathlib import Path
 
@@ -230,6 +231,29 @@ def test_an_agentic_run_resumes_from_its_checkpoint_repeating_no_prompt(tmp_path
     assert len(second) == len(set(second))
     assert untrained & set(second), "the checkpoint's untrained prompts were not submitted again"
     assert second_steps.steps[0]["version"] > first_steps.steps[-1]["version"]
+
+
+# -- a worker dies mid-episode -----------------------------------------------------------------------
+def test_a_worker_killed_mid_episode_is_replaced_and_its_episodes_restart_with_nothing_lost(tmp_path):
+    from tests.integration.test_worker_faults import SignalWorker
+
+    env = {"class_path": COUNTDOWN, "init_args": {"step_sleep_s": 0.02}}
+    module = agentic_module(env, tail_policy="carry")
+    killer = SignalWorker(signal.SIGKILL, at_step=2)  # long episodes are live at every step start
+    seed_everything(0)
+    strategy = AsyncRolloutStrategy(max_staleness=1, max_inflight=2, trainer_threads=1)
+    recorder = StepRecorder()
+    trainer = make_trainer(tmp_path, strategy, 6, [WeightSyncCallback(), recorder, killer])
+    try:
+        trainer.fit(module, datamodule=countdown_data(pattern=(1, 12)))
+        loop, restarts, relaunched = strategy.loop, strategy.workers.restarts, strategy.episodes.relaunched
+    finally:
+        strategy.shutdown()
+    assert killer.pid is not None and trainer.global_step == 6
+    assert restarts == 1 and relaunched > 0
+    assert recorder.steps[-1]["metrics"]["agentic/relaunched_episodes"] == relaunched
+    assert_every_group_accounted_for(loop, module)
+    assert any(s.num_turns == 12 for group in module.trained_groups for s in group), "long episodes finished"
 
 
 # -- crashing environments --------------------------------------------------------------------------

@@ -18,12 +18,16 @@ deadline.
 * An environment crash re-raises the worker's :class:`~unirl_lightning.envs.EnvStepError` itself
   (not Ray's wrapper), naming the environment and the record; so does an engine without
   ``generate_ids`` (``NotImplementedError`` naming it). A worker that misses a deadline
-  raises ``TimeoutError`` naming the call; a dead worker ``RuntimeError`` (agentic episodes are not
-  relaunched on a replacement worker).
+  raises ``TimeoutError`` naming the call. A dead worker is replaced (the group's
+  ``max_restarts``; the replacement gets the current weights) and its live episodes restart from
+  their first turn there, with their records and seeds (the driver keeps every episode submitted
+  and not yet returned); a group whose other samples already finished keeps them. Past
+  ``max_restarts`` the run fails naming the worker.
 """
 
 from __future__ import annotations
 
+import logging
 import zlib
 from typing import Any
 
@@ -34,6 +38,8 @@ from unirl_lightning.envs.coordinator import EpisodeRequest
 from unirl_lightning.rollout.agentic import AgenticRolloutController, root_of
 
 __all__ = ["WorkerEpisodeCoordinator", "agentic_controller"]
+
+log = logging.getLogger(__name__)
 
 
 class WorkerEpisodeCoordinator:
@@ -70,14 +76,21 @@ class WorkerEpisodeCoordinator:
         self.call_timeout_s = call_timeout_s
         self.abort_timeout_s = abort_timeout_s
         self._suspended: list[str] = []
+        self._live: dict[str, EpisodeRequest] = {}  # submitted and not yet returned (suspended included)
+        self.relaunched = 0  # episodes restarted on a replacement worker
 
     def worker_of(self, sample_id: str) -> int:
         """The worker that plays ``sample_id`` (all siblings of a group on one worker)."""
         return zlib.crc32(root_of(sample_id).encode()) % len(self.workers.workers)
 
     def submit(self, requests: list[EpisodeRequest]) -> None:
+        named = {request.sample_id for request in requests}
+        for sample_id in self._suspended:  # suspended episodes not resumed now are dropped for good
+            if sample_id not in named:
+                self._live.pop(sample_id, None)
         parts: list[list[EpisodeRequest]] = [[] for _ in self.workers.workers]
         for request in requests:
+            self._live.setdefault(request.sample_id, request)
             parts[self.worker_of(request.sample_id)].append(request)
         self._suspended = []
         self._gather(
@@ -88,7 +101,7 @@ class WorkerEpisodeCoordinator:
 
     def poll(self) -> list[Any]:
         answers = self._gather("agentic_poll", [()] * len(self.workers.workers), self.call_timeout_s)
-        return [sample for answer in answers for sample in answer]
+        return self._returned([sample for answer in answers for sample in answer])
 
     def finalize_if_drained(self) -> bool:
         answers = self._gather(
@@ -99,33 +112,60 @@ class WorkerEpisodeCoordinator:
     def abort(self) -> list[Any]:
         answers = self._gather("agentic_abort", [()] * len(self.workers.workers), self.abort_timeout_s)
         self._suspended = [sample_id for _, suspended in answers for sample_id in suspended]
-        return [sample for finished, _ in answers for sample in finished]
+        return self._returned([sample for finished, _ in answers for sample in finished])
 
     def suspended(self) -> list[str]:
         """Sample ids of the episodes the last ``abort`` suspended (empty after a ``submit``)."""
         return list(self._suspended)
 
+    def _returned(self, samples: list[Any]) -> list[Any]:
+        for sample in samples:
+            self._live.pop(sample.sample_id, None)
+        return samples
+
     def _gather(self, method: str, args: list[tuple[Any, ...]], timeout_s: float) -> list[Any]:
+        """Every worker's answer to ``method``; a dead worker is replaced and answers for itself
+        (:meth:`_replace`), so the other workers' answers are never lost."""
         actors = list(self.workers.workers)
         refs = [getattr(actor, method).remote(*arg) for actor, arg in zip(actors, args)]
-        try:
-            return ray.get(refs, timeout=timeout_s)
-        except ray.exceptions.GetTimeoutError as exc:
+        ready, _ = ray.wait(refs, num_returns=len(refs), timeout=timeout_s)
+        if len(ready) < len(refs):
             raise TimeoutError(
                 f"rollout workers did not answer {method}() within {timeout_s:.0f} s (an environment step or a "
                 "generation call may hang)"
-            ) from exc
-        except ray.exceptions.RayActorError as exc:
-            raise RuntimeError(
-                f"a rollout worker died during {method}(): its agentic episodes are lost and are not relaunched "
-                f"on a replacement worker ({type(exc).__name__}: {exc})"
-            ) from exc
-        except ray.exceptions.RayTaskError as exc:
-            if isinstance(
-                exc.cause, (EnvStepError, NotImplementedError)
-            ):  # the error itself, not Ray's wrapper
-                raise exc.cause from None
-            raise
+            )
+        answers = []
+        for index, (actor, ref) in enumerate(zip(actors, refs)):
+            try:
+                answers.append(ray.get(ref))
+            except ray.exceptions.RayActorError as exc:
+                answers.append(self._replace(index, actor, method, exc))
+            except ray.exceptions.RayTaskError as exc:
+                if isinstance(exc.cause, (EnvStepError, NotImplementedError)):  # the error, not Ray's wrapper
+                    raise exc.cause from None
+                raise
+        return answers
+
+    def _replace(self, index: int, actor: Any, method: str, exc: BaseException) -> Any:
+        """Worker ``index`` died during ``method``: replace it (it gets the current weights; past
+        ``max_restarts`` the run fails naming it) and restart its live episodes from their first turn
+        on the replacement. During an abort they are not started but reported as suspended, so the
+        tail policy decides (carry: they restart in the next drive; drop: they are dropped).
+        Returns the answer the replacement gives for ``method``."""
+        lost = [request for sample_id, request in self._live.items() if self.worker_of(sample_id) == index]
+        self.workers.replace(index, actor, f"died during {method}() ({type(exc).__name__})")
+        self.relaunched += len(lost)
+        log.warning(
+            "rollout worker %d died: restarting its %d live episode(s) on its replacement", index, len(lost)
+        )
+        if method == "agentic_abort":
+            return [], [request.sample_id for request in lost]
+        if lost:
+            restart = self.workers.workers[index].agentic_submit.remote(
+                self.env, self.sampling, self.on_env_error, lost
+            )
+            ray.get(restart, timeout=self.call_timeout_s)
+        return {"agentic_submit": None, "agentic_poll": [], "agentic_finalize_if_drained": not lost}[method]
 
 
 def agentic_controller(
