@@ -13,8 +13,8 @@ import torch
 from lightning.pytorch import seed_everything
 from lightning.pytorch.callbacks import ModelCheckpoint
 
-from tests.builders import StepRecorder, make_trainer
-from unirl_lightning.callbacks import WeightSyncCallback, WeightVersionLogger
+from tests.builders import StepRecorder, count_pushes, make_trainer
+from unirl_lightning.callbacks import RolloutEvalCallback, WeightSyncCallback, WeightVersionLogger
 from unirl_lightning.cli import run_cli
 from unirl_lightning.data import EpisodeDataModule
 from unirl_lightning.envs import EnvStepError
@@ -197,6 +197,40 @@ def test_groups_are_stamped_at_completion_and_keep_the_pre_sync_version(interrup
 
 def test_every_interrupted_episode_is_trained_at_most_once_and_none_is_lost(interrupted_run):
     _, _, loop, _, module = interrupted_run
+    assert_every_group_accounted_for(loop, module)
+
+
+# -- held-out evaluation ----------------------------------------------------------------------------
+@pytest.mark.parametrize("sync_every", [1, 2])
+def test_agentic_eval_plays_whole_held_out_episodes_read_only(tmp_path, sync_every):
+    """RolloutEvalCallback on an agentic module plays held-out episodes on the workers; it never pushes
+    or changes the version. With a sync every 2 steps an evaluation meets a live training drive (the
+    two take turns on the engine) and the training groups still all add up."""
+    env = {"class_path": "unirl_lightning.envs.GuessingGameEnv", "init_args": {"syntax": "compact"}}
+    module = agentic_module(env, max_turns=4, num_generations=4)
+    data = EpisodeDataModule(
+        "unirl_lightning.envs:guessing_records", batch_size=4, num_val_prompts=8, val_split="train"
+    )
+    seed_everything(0)
+    strategy = AsyncRolloutStrategy(max_staleness=1, max_inflight=2, trainer_threads=1)
+    evaluator = RolloutEvalCallback(every_n_steps=1, num_prompts=8, num_generations=2, temperature=1.0)
+    recorder = StepRecorder()
+    callbacks = [WeightSyncCallback(every_n_steps=sync_every), recorder, evaluator]
+    trainer = make_trainer(tmp_path, strategy, 4, callbacks)
+    pushes = count_pushes(strategy)
+    try:
+        trainer.fit(module, datamodule=data)
+        loop = strategy.loop
+    finally:
+        strategy.shutdown()
+    assert len(evaluator.history) == 5  # before training and after each of the 4 steps
+    expected_versions = [0] + [step // sync_every for step in range(1, 5)]
+    assert [h["eval/weight_version"] for h in evaluator.history] == expected_versions
+    assert len(pushes) == 1 + 4 // sync_every, "evaluation must never push"
+    assert all(0.0 <= h["eval/reward_mean"] <= 1.0 for h in evaluator.history)
+    assert any(h["eval/reward_mean"] > 0 for h in evaluator.history), "no held-out game was ever won"
+    logged = read_scalars(trainer.logger.log_dir)
+    assert len(logged["eval/reward_mean"]) == 5
     assert_every_group_accounted_for(loop, module)
 
 

@@ -17,7 +17,9 @@ class RolloutEvalCallback(RolloutCallback):
     score is that of the weights the workers hold (the last pushed version, logged as
     ``eval/weight_version``). Logs ``eval/reward_mean`` and ``eval/accuracy`` (fraction of samples
     whose reward is at least ``accuracy_threshold``). Prompts come from the datamodule's
-    ``val_records()`` unless ``prompts`` (a file or built-in task name) is given.
+    ``val_records()`` unless ``prompts`` (a file or built-in task name) is given. For an agentic
+    module every sample is a whole episode (every turn, scored by the environment) played on the
+    workers beside a live training drive.
 
     Args:
         every_n_steps: RL steps between evaluations; also evaluates once before training

@@ -87,7 +87,6 @@ class AgenticGRPOModule(GRPOModule):
         return replace(super().rollout_spec(), reward=None, agentic=agentic)
 
     def eval_sampling(self, temperature: float) -> Any:
-        raise NotImplementedError(
-            "held-out evaluation of agentic modules (RolloutEvalCallback) is not implemented yet: it would "
-            "score single-turn completions; watch rollout/reward_mean, or run episodes with envs.run_episode"
-        )
+        """Held-out episodes (``RolloutEvalCallback``) sample like training (per-turn budget, stop
+        strings) at ``temperature``."""
+        return replace(self.sampling, temperature=temperature)

@@ -118,6 +118,32 @@ class WorkerEpisodeCoordinator:
         """Sample ids of the episodes the last ``abort`` suspended (empty after a ``submit``)."""
         return list(self._suspended)
 
+    def evaluate(
+        self, records: list[dict[str, Any]], sampling: Any, n: int, seed: int, timeout_s: float
+    ) -> list[list[Any]]:
+        """Play ``n`` episodes per record with the weights the workers hold now (read-only), spread
+        over the workers; returns one group of samples per record, in order."""
+        requests = [
+            EpisodeRequest(f"eval{i}/{k}", record, seed + i * n + k)
+            for i, record in enumerate(records)
+            for k in range(n)
+        ]
+        actors = list(self.workers.workers)
+        parts = [requests[i :: len(actors)] for i in range(len(actors))]
+        refs = [
+            actor.agentic_evaluate.remote(self.env, sampling, part, timeout_s)
+            for actor, part in zip(actors, parts)
+            if part
+        ]
+        try:
+            samples = [sample for answer in ray.get(refs, timeout=timeout_s + 30) for sample in answer]
+        except ray.exceptions.GetTimeoutError as exc:
+            raise TimeoutError(f"evaluation episodes did not finish within {timeout_s:.0f} s") from exc
+        groups: dict[str, list[Any]] = {f"eval{i}": [] for i in range(len(records))}
+        for sample in samples:
+            groups[root_of(sample.sample_id)].append(sample)
+        return [sorted(group, key=lambda s: s.sample_id) for group in groups.values()]
+
     def _returned(self, samples: list[Any]) -> list[Any]:
         for sample in samples:
             self._live.pop(sample.sample_id, None)

@@ -39,6 +39,7 @@ import atexit
 import logging
 import os
 import tempfile
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -107,6 +108,20 @@ def _check_fits(num_workers: int, cpus: float, gpus: float, resources: dict[str,
             )
 
 
+class _SerialEngine:
+    """An engine whose ``generate_ids`` holds a lock (everything else is the engine's own)."""
+
+    def __init__(self, engine: Any, lock: threading.Lock) -> None:
+        self._engine, self._lock = engine, lock
+
+    def generate_ids(self, *args: Any, **kwargs: Any) -> Any:
+        with self._lock:
+            return self._engine.generate_ids(*args, **kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._engine, name)
+
+
 class RolloutWorker:
     """Runs one engine, built from ``engine_config`` for the module's ``policy`` and ``lora``, and
     scores its groups. Ray wraps this class as an actor."""
@@ -119,6 +134,7 @@ class RolloutWorker:
         self.worker_index = worker_index
         self.coordinator: Any = None  # the agentic EpisodeCoordinator, built by the first agentic_submit
         self._coordinator_settings: Any = None
+        self._generation_lock = threading.Lock()  # a training drive and an evaluation take turns
 
     def generate(self, request: RolloutRequest) -> dict[str, Any]:
         from unirl_lightning.rewards import score_batch
@@ -181,9 +197,36 @@ class RolloutWorker:
         if self.coordinator is None or self._coordinator_settings != settings:
             if self.coordinator is not None:
                 self.coordinator.close()
-            self.coordinator = EpisodeCoordinator(self.engine, env, sampling, on_env_error)
+            self.coordinator = EpisodeCoordinator(self._episode_engine(), env, sampling, on_env_error)
             self._coordinator_settings = settings
         self.coordinator.submit(requests)
+
+    def agentic_evaluate(self, env: Any, sampling: Any, requests: list[Any], timeout_s: float) -> list[Any]:
+        """Play ``requests`` to the end with the weights held now and return their samples: read-only
+        (no weight or version change), a failing environment ends its episode with reward 0
+        (``on_env_error="drop"``). A live training drive goes on meanwhile, turn by turn in between."""
+        from unirl_lightning.envs.coordinator import EpisodeCoordinator
+
+        coordinator = EpisodeCoordinator(self._episode_engine(), env, sampling, "drop")
+        coordinator.submit(requests)
+        deadline = time.monotonic() + timeout_s
+        samples: list[Any] = []
+        while not coordinator.finalize_if_drained():
+            samples += coordinator.poll()
+            if time.monotonic() > deadline:
+                coordinator.close()
+                raise TimeoutError(
+                    f"rollout worker {self.worker_index}: {len(requests)} evaluation episodes did not finish "
+                    f"within {timeout_s:.0f} s"
+                )
+            time.sleep(0.005)
+        return samples + coordinator.poll()
+
+    def _episode_engine(self) -> Any:
+        """The engine as episode coordinators see it: one generation call at a time."""
+        if not callable(getattr(self.engine, "generate_ids", None)):
+            return self.engine  # the coordinator refuses it, naming the engine
+        return _SerialEngine(self.engine, self._generation_lock)
 
     def agentic_poll(self) -> list[Any]:
         return [] if self.coordinator is None else self.coordinator.poll()
