@@ -22,14 +22,17 @@ def test_fsdp_refuses_a_module_it_cannot_shard_naming_the_alternatives():
         strategy.setup(SimpleNamespace(lightning_module=module))
 
 
-def test_every_rank_gets_its_own_prompts():
+def test_every_rank_gets_its_own_prompts(monkeypatch):
+    """Lightning's ModelParallelStrategy hands out prompts per data-parallel group (its mesh's first
+    dimension, one per node); here every rank is a replica with prompts of its own."""
+    from lightning.fabric.plugins.environments import LightningEnvironment
+
+    monkeypatch.setenv("LOCAL_RANK", "1")
     strategy = AsyncRolloutFSDPStrategy()
+    strategy.cluster_environment = LightningEnvironment()
     strategy.parallel_devices = [torch.device("cpu")] * 2
-    strategy.set_world_ranks()  # single process: rank 0 of a world of 1
-    assert strategy.distributed_sampler_kwargs == {
-        "num_replicas": strategy.world_size,
-        "rank": strategy.global_rank,
-    }
+    strategy.set_world_ranks()
+    assert strategy.distributed_sampler_kwargs == {"num_replicas": 2, "rank": 1}
 
 
 def test_the_blocks_found_are_the_transformer_layers_also_under_lora():
