@@ -72,9 +72,11 @@ def agentic_module(env, **overrides) -> RecordingAgenticModule:
     return RecordingAgenticModule(**kwargs)
 
 
-def fit_agentic(tmp_path, module, data, *, max_staleness, max_inflight, max_steps):
+def fit_agentic(tmp_path, module, data, *, max_staleness, max_inflight, max_steps, engine="auto"):
     seed_everything(0)
-    strategy = AsyncRolloutStrategy(max_staleness=max_staleness, max_inflight=max_inflight, trainer_threads=1)
+    strategy = AsyncRolloutStrategy(
+        engine=engine, max_staleness=max_staleness, max_inflight=max_inflight, trainer_threads=1
+    )
     recorder = StepRecorder()
     callbacks = [
         WeightSyncCallback(every_n_steps=1),

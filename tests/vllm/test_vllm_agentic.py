@@ -10,13 +10,14 @@ vllm = pytest.importorskip("vllm", reason="vLLM is not installed (make test-vllm
 
 from lightning.pytorch import seed_everything  # noqa: E402
 
-from tests.builders import StepRecorder, make_trainer  # noqa: E402
-from tests.integration.test_agentic import RecordingAgenticModule, assert_every_group_accounted_for  # noqa: E402
+from tests.integration.test_agentic import (  # noqa: E402
+    RecordingAgenticModule,
+    assert_every_group_accounted_for,
+    fit_agentic,
+)
 from tests.vllm.helpers import tiny_policy  # noqa: E402
-from unirl_lightning.callbacks import WeightSyncCallback, WeightVersionLogger  # noqa: E402
 from unirl_lightning.data import EpisodeDataModule  # noqa: E402
 from unirl_lightning.engines.vllm import VLLMEngineConfig  # noqa: E402
-from unirl_lightning.strategy import AsyncRolloutStrategy  # noqa: E402
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("ray_local")]
 
@@ -29,21 +30,15 @@ def fit_on_vllm(tmp_path, *, max_staleness: int, max_inflight: int, max_steps: i
         env=GUESSING, policy=tiny_policy(), max_turns=4, num_generations=4, max_new_tokens=2, lr=3e-3
     )
     data = EpisodeDataModule("unirl_lightning.envs:guessing_records", batch_size=4, val_split="train")
-    strategy = AsyncRolloutStrategy(
-        engine=VLLMEngineConfig(), max_staleness=max_staleness, max_inflight=max_inflight, trainer_threads=1
+    _, loop, recorder = fit_agentic(
+        tmp_path,
+        module,
+        data,
+        max_staleness=max_staleness,
+        max_inflight=max_inflight,
+        max_steps=max_steps,
+        engine=VLLMEngineConfig(),
     )
-    recorder = StepRecorder()
-    callbacks = [
-        WeightSyncCallback(every_n_steps=1),
-        WeightVersionLogger(histogram_every_n_steps=0),
-        recorder,
-    ]
-    trainer = make_trainer(tmp_path, strategy, max_steps, callbacks)
-    try:
-        trainer.fit(module, datamodule=data)
-        loop = strategy.loop
-    finally:
-        strategy.shutdown()
     return module, loop, recorder
 
 
