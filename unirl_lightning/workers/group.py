@@ -58,8 +58,14 @@ _STARTED_BY_US = False
 _OWNED: dict[str, Any] = {}  # the local Ray's temp folder and watchdog, when this process started it
 
 
-def ensure_ray(num_cpus: int | None = None, object_store_memory: int | None = 512 * 1024**2) -> None:
-    """Join ``RAY_ADDRESS`` if set, else start a local Ray unless one is running already."""
+def ensure_ray(num_cpus: int | None = None, object_store_memory: int | None = None) -> None:
+    """Join ``RAY_ADDRESS`` if set, else start a local Ray unless one is running already.
+
+    The local object store holds every weight push (the full weights of a model as one buffer), so
+    by default it takes 30% of the memory up to 4 GiB: a push larger than the store falls back to
+    disk (measured: a 538 MB push took 0.7-2.7 s with a 512 MB store, 0.05-0.46 s with 2 GiB)."""
+    if object_store_memory is None:
+        object_store_memory = min(4 * 1024**3, int(0.3 * psutil.virtual_memory().total))
     global _STARTED_BY_US
     if ray.is_initialized():
         return
