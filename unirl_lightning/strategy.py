@@ -373,9 +373,8 @@ class RolloutStrategyMixin:
         pushes weights nor changes the version, and it does not touch the training buffers."""
         if self.workers is None:
             raise RuntimeError("evaluate was called before the strategy was set up (call trainer.fit first)")
-        if (
-            self.episodes is not None
-        ):  # agentic modules: whole episodes (every turn, the environment's reward)
+        # agentic modules: whole episodes (every turn, scored by the environment)
+        if self.episodes is not None:
             return self.episodes.evaluate(records, sampling, n, seed, self.generation_timeout_s)
         request = RolloutRequest(records=records, n=n, sampling=sampling, seed=seed, gen_id=-1)
         return self.workers.generate(request).result()["groups"]

@@ -62,11 +62,11 @@ from unirl_lightning.rewards.math import MathVerifyReward
 
 __all__ = [
     "CALCULATOR_INSTRUCTIONS",
-    "digit_credit",
     "CalculatorEnv",
     "CalculatorError",
     "CalculatorSyntax",
     "calculator_records",
+    "digit_credit",
     "format_number",
     "parse_calculator_turn",
     "safe_eval",
@@ -319,7 +319,8 @@ class CalculatorEnv(Environment):
         if kind == "answer":
             reward = score_batch(self.reward, [payload], [self.record])[0]
             if self.tool_credit and reward < 1.0 and self.tool_calls > self.tool_errors:
-                reward = max(reward, digit_credit(payload, self.record, self.answer_key))
+                # the reward above already judged the answer: only the partial credit is added here
+                reward = max(reward, 0.5 * _position_match(payload, str(self.record[self.answer_key])))
             return StepResult(None, reward, done=True, info={**self._counts(), "answer": payload})
         if kind == "call":
             self.tool_calls += 1
@@ -360,14 +361,17 @@ def digit_credit(answer_text: str, record: dict[str, Any], answer_key: str = "an
     >>> digit_credit("3711", {"answer": "3711"}), digit_credit("3719", {"answer": "3711"}), digit_credit("", {"answer": "3711"})
     (1.0, 0.375, 0.0)
     """
-    reference = str(record[answer_key])
     if score_batch(MathVerifyReward(answer_key=answer_key), [answer_text], [record])[0] == 1.0:
         return 1.0
+    return 0.5 * _position_match(answer_text, str(record[answer_key]))
+
+
+def _position_match(answer_text: str, reference: str) -> float:
+    """The fraction of left-aligned character positions where ``answer_text`` (stripped) and
+    ``reference`` agree, over the longer of the two (0 when both are empty)."""
     given = answer_text.strip()
     width = max(len(given), len(reference))
-    if not width:
-        return 0.0
-    return 0.5 * sum(a == b for a, b in zip(given, reference)) / width
+    return sum(a == b for a, b in zip(given, reference)) / width if width else 0.0
 
 
 def calculator_records(
