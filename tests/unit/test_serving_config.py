@@ -12,7 +12,7 @@ import torch
 from unirl_lightning.engines.vllm import VLLMEngineConfig
 from unirl_lightning.lora import LoraSpec
 from unirl_lightning.models import TinyCausalLM
-from unirl_lightning.weight_sync.buckets import pack_tensors, unpack_tensors, weight_buckets
+from unirl_lightning.weight_sync.buckets import PackedWeights, pack_tensors, unpack_tensors, weight_buckets
 
 
 def test_module_imports_without_vllm():
@@ -77,3 +77,25 @@ def test_packed_bucket_round_trips_every_dtype():
         assert [n for n, _ in restored] == ["a", "b", "c", "d"]
         for (_, original), (_, copy) in zip(bucket, restored):
             assert copy.dtype == original.dtype and torch.equal(copy, original)
+
+
+def test_packed_weights_cross_the_object_store_as_shared_memory_views(ray_local):
+    bucket = [
+        ("a", torch.randn(3, 4)),
+        ("b", torch.randn(5).to(torch.bfloat16)),
+        ("c", torch.randn(2, 2).half()),
+        ("d", torch.tensor(1.5)),
+        ("e", torch.randn(4, 6).t()),  # not contiguous: packed as its values
+    ]
+    packed = PackedWeights.pack(bucket)
+    assert packed.nbytes == sum(t.numel() * t.element_size() for _, t in bucket)
+    assert (
+        packed.arrays[0].ctypes.data == bucket[0][1].data_ptr()
+    )  # packing a contiguous tensor copies nothing
+    fetched = ray_local.get(ray_local.put(packed))
+    assert not fetched.arrays[0].flags.writeable  # Ray's zero-copy read of shared memory
+    restored = fetched.tensors()
+    assert [n for n, _ in restored] == ["a", "b", "c", "d", "e"]
+    for (_, original), (_, copy), array in zip(bucket, restored, fetched.arrays):
+        assert copy.dtype == original.dtype and copy.shape == original.shape and torch.equal(copy, original)
+        assert copy.data_ptr() == array.ctypes.data  # a view, not a copy

@@ -10,7 +10,9 @@ at a time. Guarantees:
   behaviour log-prob of every sampled token computed at ``request.sampling.temperature`` (the
   temperature the trainer recomputes at). Rewards are left at 0: the worker scores them.
 * ``load_weights(named_tensors, weight_version)`` replaces the weights it generates with; the
-  tensors are full parameters by name (or, for LoRA engines, adapter parameters only).
+  tensors are full parameters by name (or, for LoRA engines, adapter parameters only). They may be
+  views of shared memory that other workers read too: the engine copies from them, never writes
+  to them and keeps none after the call.
 * ``sleep()`` / ``wake()`` release and restore accelerator memory for colocated placement; engines
   that cannot do it treat both as no-ops. ``close()`` frees what the engine holds (processes,
   temporary files); the worker calls it before it exits.

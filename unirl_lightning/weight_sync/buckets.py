@@ -2,12 +2,16 @@
 
 Used by the collective backend (flat, dtype-homogeneous buckets for ``broadcast``) and by the
 serving engines (vLLM and SGLang load a bucket at a time and need every decoder layer whole,
-because they fuse q/k/v and gate/up into one parameter per layer).
+because they fuse q/k/v and gate/up into one parameter per layer); and the packed forms a push
+travels in (:class:`PackedWeights` through Ray's object store, :func:`pack_tensors` to vLLM's
+engine-core process).
 """
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -65,12 +69,63 @@ def weight_buckets(
         yield bucket
 
 
+@dataclass(frozen=True)
+class PackedWeights:
+    """A full push as one object for Ray's object store: names, dtypes, shapes and one ``uint8``
+    numpy view per tensor.
+
+    Ray stores every numpy array out of band: ``ray.put`` copies each tensor once, into shared
+    memory, and a worker on the same node reads it back without a copy (read-only views of that
+    memory). So a push costs one copy on the trainer's side and one on each worker's (the engine
+    copying into its parameters); a flat buffer cost three more.
+
+    >>> packed = PackedWeights.pack([("w", torch.arange(4.0).reshape(2, 2))])
+    >>> [(name, t.tolist()) for name, t in packed.tensors()]
+    [('w', [[0.0, 1.0], [2.0, 3.0]])]
+    """
+
+    names: tuple[str, ...]
+    dtypes: tuple[str, ...]
+    shapes: tuple[tuple[int, ...], ...]
+    arrays: tuple[np.ndarray, ...]
+
+    @classmethod
+    def pack(cls, named_tensors: Iterable[NamedTensor]) -> PackedWeights:
+        named = list(named_tensors)
+        return cls(
+            names=tuple(name for name, _ in named),
+            dtypes=tuple(str(t.dtype).removeprefix("torch.") for _, t in named),
+            shapes=tuple(tuple(t.shape) for _, t in named),
+            # a view of each tensor's bytes (no copy for a contiguous CPU tensor): the put copies
+            arrays=tuple(_flat_bytes(t).numpy() for _, t in named),
+        )
+
+    def tensors(self) -> list[NamedTensor]:
+        """The ``(name, tensor)`` pairs, as views of the arrays: after a ``ray.get`` they are views of
+        shared memory that other workers read too, so a consumer copies from them and never writes
+        to them or keeps them (:meth:`RolloutEngine.load_weights`'s contract)."""
+        with warnings.catch_warnings():  # the arrays Ray returns are read-only: we only read them
+            warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
+            return [
+                (name, torch.from_numpy(array).view(getattr(torch, dtype)).reshape(shape))
+                for name, dtype, shape, array in zip(self.names, self.dtypes, self.shapes, self.arrays)
+            ]
+
+    @property
+    def nbytes(self) -> int:
+        return sum(array.nbytes for array in self.arrays)
+
+
+def _flat_bytes(tensor: torch.Tensor) -> torch.Tensor:
+    return tensor.detach().to("cpu").contiguous().reshape(-1).view(torch.uint8)
+
+
 def pack_tensors(named_tensors: Iterable[NamedTensor], as_bytes: bool = False) -> dict[str, Any]:
-    """Tensors as their names, dtypes, shapes and one flat ``uint8`` buffer: a single object to ship
-    (Ray's object store hands a numpy buffer to every worker without a copy per tensor; with
-    ``as_bytes`` it is a byte string, what vLLM's msgpack RPC carries)."""
+    """Tensors as their names, dtypes, shapes and one flat ``uint8`` buffer (with ``as_bytes``, a byte
+    string): what vLLM's msgpack RPC carries to its engine-core process, which does not rebuild
+    tensors nested in call arguments."""
     named = list(named_tensors)
-    flat = [t.detach().to("cpu").contiguous().reshape(-1).view(torch.uint8) for _, t in named]
+    flat = [_flat_bytes(t) for _, t in named]
     data = torch.cat(flat).numpy() if flat else np.zeros(0, dtype=np.uint8)
     return {
         "names": [name for name, _ in named],
@@ -83,7 +138,9 @@ def pack_tensors(named_tensors: Iterable[NamedTensor], as_bytes: bool = False) -
 def unpack_tensors(packed: dict[str, Any]) -> list[NamedTensor]:
     """The ``(name, tensor)`` pairs of :func:`pack_tensors` (fresh, aligned storages)."""
     raw = packed["data"]
-    data = torch.frombuffer(bytearray(raw), dtype=torch.uint8) if len(raw) else None
+    with warnings.catch_warnings():  # read-only bytes: read once, by the clones below
+        warnings.filterwarnings("ignore", message="The given buffer is not writable")
+        data = torch.frombuffer(raw, dtype=torch.uint8) if len(raw) else None
     named: list[NamedTensor] = []
     offset = 0
     for name, dtype_name, shape in zip(packed["names"], packed["dtypes"], packed["shapes"]):

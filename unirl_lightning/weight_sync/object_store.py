@@ -1,4 +1,4 @@
-"""Default weight sync: one ``ray.put`` of the packed CPU weights (one flat buffer), every worker loads it."""
+"""Default weight sync: one ``ray.put`` of the CPU weights (:class:`PackedWeights`), every worker loads it."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import torch
 
 from unirl_lightning.checks import require_positive
 from unirl_lightning.weight_sync.base import SyncStats, named_weights, tensor_bytes
-from unirl_lightning.weight_sync.buckets import pack_tensors
+from unirl_lightning.weight_sync.buckets import PackedWeights
 
 
 class ObjectStoreWeightSync:
@@ -31,7 +31,7 @@ class ObjectStoreWeightSync:
     def push(self, model: torch.nn.Module, workers: Any, weight_version: int) -> SyncStats:
         start = time.perf_counter()
         tensors = named_weights(model)
-        ref = ray.put(pack_tensors(tensors.items()))  # one flat buffer: one object, no copy per tensor
+        ref = ray.put(PackedWeights.pack(tensors.items()))  # one object; each tensor copied once, into it
         try:
             ray.get(
                 [w.load_weights.remote(ref, weight_version) for w in workers.workers], timeout=self.timeout_s

@@ -50,7 +50,7 @@ import ray
 
 from unirl_lightning.ray_watchdog import start_watchdog, stop_watchdog
 from unirl_lightning.rollout.types import Rollout, RolloutRequest
-from unirl_lightning.weight_sync.buckets import unpack_tensors
+from unirl_lightning.weight_sync.buckets import PackedWeights
 
 log = logging.getLogger(__name__)
 
@@ -166,8 +166,8 @@ class RolloutWorker:
                 f"load_weights(weight_version={weight_version}) refused: an agentic drive is live in rollout "
                 f"worker {self.worker_index}; quiesce (abort) it first so no episode turn straddles two versions"
             )
-        if isinstance(named_tensors, dict) and "data" in named_tensors and "names" in named_tensors:
-            named_tensors = unpack_tensors(named_tensors)  # a packed push (the object store's)
+        if isinstance(named_tensors, PackedWeights):  # the object store's push: views of shared memory
+            named_tensors = named_tensors.tensors()
         elif isinstance(named_tensors, dict):
             named_tensors = named_tensors.items()
         self.engine.load_weights(named_tensors, weight_version)
