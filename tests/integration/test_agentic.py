@@ -323,7 +323,9 @@ def test_a_crashing_env_with_on_env_error_raise_stops_the_run_naming_the_environ
 
 
 # -- the recipes ------------------------------------------------------------------------------------
-@pytest.mark.parametrize("recipe", ["agentic_calculator_tiny.yaml", "agentic_guessing_tiny.yaml"])
+@pytest.mark.parametrize(
+    "recipe", ["agentic_calculator_tiny.yaml", "agentic_guessing_tiny.yaml", "agentic_guessing_smollm2.yaml"]
+)
 def test_the_agentic_recipes_parse_and_build(recipe, tmp_path):
     cli = run_cli(["--config", str(EXAMPLES / recipe), f"--trainer.default_root_dir={tmp_path}"], run=False)
     assert type(cli.model).__name__ == "AgenticGRPOModule"
@@ -349,3 +351,33 @@ def test_the_guessing_recipe_reward_rises_in_a_short_run(tmp_path):
     assert len(rewards) == 60
     first, last = sum(rewards[:15]) / 15, sum(rewards[-15:]) / 15
     assert last > first + 0.05, f"reward did not rise: first 15 steps {first:.3f}, last 15 steps {last:.3f}"
+
+
+def test_the_calculator_recipe_learns_to_call_the_tool_in_a_short_run(tmp_path):
+    """200 steps of examples/agentic_calculator_tiny.yaml (the recipe runs 600): the model learns the
+    tool protocol (a bare "=" call, then an answer), so tool calls per episode and the reward rise
+    (measured with seeds 0, 1, 2: calls 0.13-0.19 -> 1.00, reward 0.006-0.009 -> 0.12-0.15)."""
+    args = [
+        "fit",
+        "--config",
+        str(EXAMPLES / "agentic_calculator_tiny.yaml"),
+        "--trainer.max_steps=200",
+        "--trainer.enable_progress_bar=false",
+        f"--trainer.logger.init_args.save_dir={tmp_path}",
+    ]
+    cli = run_cli(args)
+    cli.trainer.strategy.shutdown()
+    scalars = read_scalars(tmp_path)
+    rewards = [value for _, value in scalars["rollout/reward_mean"]]
+    calls = [value for _, value in scalars["agentic/tool_calls_mean"]]
+    assert len(rewards) == 200
+
+    def mean(values):
+        return sum(values) / len(values)
+
+    assert mean(calls[-30:]) > 0.8 > mean(calls[:30]) + 0.3, (
+        f"tool calls {mean(calls[:30]):.2f} -> {mean(calls[-30:]):.2f}"
+    )
+    assert mean(rewards[-30:]) > mean(rewards[:30]) + 0.05, (
+        f"reward {mean(rewards[:30]):.3f} -> {mean(rewards[-30:]):.3f}"
+    )

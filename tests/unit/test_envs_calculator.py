@@ -296,11 +296,25 @@ def test_calculator_records_need_the_tool_and_have_correct_answers():
         assert record["prompt"] == f"What is {record['expression']}?" and record["task"] == "calculator"
 
 
+def test_one_digit_records_have_short_answers_and_still_hold_some_out():
+    train = calculator_records(3000, seed=0, syntax="compact", digits=1)
+    heldout = calculator_records(200, seed=0, syntax="compact", digits=1, split="heldout")
+    for record in train + heldout:
+        a, b_c = record["expression"].split("*")
+        assert len(a) == 1 and len(b_c) == 3  # a*b+c with one-digit a, b and c
+        assert (
+            safe_eval(record["expression"]) == int(record["answer"])
+            and len(record["answer"].lstrip("-")) <= 2
+        )
+    expressions = {r["expression"] for r in train}
+    assert 1000 < len(expressions) < 1458 and not expressions & {r["expression"] for r in heldout}
+
+
 @pytest.mark.parametrize(
     "kwargs, message",
     [
         ({"split": "test"}, "split='test' is invalid; expected one of \\('train', 'heldout'\\)"),
-        ({"digits": 1}, "digits=1 is invalid"),
+        ({"digits": 0}, "digits=0 is invalid"),
         ({"heldout_percent": 0}, "heldout_percent=0 is invalid"),
         ({"syntax": "json"}, "syntax='json' is invalid"),
     ],
@@ -341,14 +355,50 @@ def test_the_equals_key_needs_the_compact_syntax_and_the_records_expression():
         (["=", "440"], 0.5 * 2 / 3),  # two of three digits, after a successful call
         (["440"], 0.0),  # no call: only an exact answer scores
         (["1/0=", "440"], 0.0),  # a refused call is not a successful one
+        (["449=", "440"], 0.5 * 2 / 3),  # the expression typed out: its result is the answer
+        (["11=", "441"], 0.0),  # a call that did not return the answer earns nothing (the constant-call game)
+        (["11=", "=", "440"], 0.5 * 2 / 3),  # the answer was in the context by the last turn
     ],
 )
-def test_tool_credit_pays_digits_only_after_a_successful_tool_call(turns, reward):
+def test_tool_credit_pays_digits_only_after_a_tool_call_that_returned_the_answer(turns, reward):
     env = CalculatorEnv(max_turns=3, syntax="compact", equals_key=True, tool_credit=True)
     env.reset(COMPACT)
     for text in turns:
         result = env.step(text)
     assert result.done and result.reward == pytest.approx(reward)
+
+
+@pytest.mark.parametrize(
+    "turns, reward",
+    [
+        (["=", "9"], 0.1),  # a useful call, then a wrong answer: the floor
+        (["=", "440"], 0.5 * 2 / 3),  # more digit credit than the floor
+        (["=", "449"], 1.0),
+        (["11=", "9"], 0.0),  # the call did not return the answer
+        (["9"], 0.0),  # no call
+        (["=", "="], 0.0),  # no answer
+    ],
+)
+def test_call_credit_is_the_floor_of_an_answer_after_a_useful_call(turns, reward):
+    env = CalculatorEnv(max_turns=2, syntax="compact", equals_key=True, tool_credit=True, call_credit=0.1)
+    env.reset(COMPACT)
+    for text in turns:
+        result = env.step(text)
+        if result.done:
+            break
+    assert result.done and result.reward == pytest.approx(reward)
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"call_credit": 0.1}, "call_credit needs tool_credit=True"),
+        ({"call_credit": 0.7, "tool_credit": True}, "call_credit=0.7 is invalid; expected a number in \\[0, 0.5\\]"),
+    ],
+)
+def test_call_credit_is_checked(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        CalculatorEnv(syntax="compact", **kwargs)
 
 
 def test_digit_credit_is_half_the_matching_positions_over_the_longer_text():

@@ -7,7 +7,7 @@ import pickle
 import pytest
 
 from unirl_lightning.envs import GuessingGameEnv, guessing_records, parse_guess, run_episode
-from unirl_lightning.envs.guessing import guessing_prompt
+from unirl_lightning.envs.guessing import EXAMPLE_GAME, guessing_prompt
 from unirl_lightning.models import CHAR_VOCAB
 
 
@@ -139,6 +139,22 @@ def test_words_syntax_prompts_with_chat_messages_and_reads_the_last_integer():
     assert env.step("It is 37!").info["feedback"] == "correct"
 
 
+def test_example_game_opens_the_chat_with_the_rules_and_a_solved_game_then_plays_the_record():
+    env = GuessingGameEnv(max_turns=5, syntax="words", example_game=True)
+    messages = env.reset(game(12, low=3, high=17, syntax="words"))
+    assert messages[0]["role"] == "system" and "one whole number" in messages[0]["content"]
+    assert messages[1:-1] == EXAMPLE_GAME
+    assert messages[-1] == {"role": "user", "content": guessing_prompt(3, 17, "words")}
+    # the example is a consistent solved game (higher/lower true of its secret, ending in correct)
+    guesses = [int(m["content"]) for m in EXAMPLE_GAME if m["role"] == "assistant"]
+    replies = [m["content"] for m in EXAMPLE_GAME if m["role"] == "user"][1:]
+    secret = guesses[-1]
+    assert replies == ["higher" if secret > g else "lower" if secret < g else "correct" for g in guesses]
+    # the game played is the record's, not the example's
+    assert env.step("5").observation == "higher"
+    assert env.step("12").reward == pytest.approx(0.9)
+
+
 @pytest.mark.parametrize(
     "text, syntax, guess",
     [
@@ -182,6 +198,7 @@ def test_reset_rejects_a_malformed_record_naming_the_key(record, message):
         ({"syntax": "emoji"}, "syntax='emoji' is invalid"),
         ({"turn_cost": -0.1}, "turn_cost=-0.1 is invalid"),
         ({"found_reward": 0}, "found_reward=0 is invalid"),
+        ({"example_game": True}, "example_game=True needs syntax='words'"),
     ],
 )
 def test_constructor_rejects_bad_arguments(kwargs, message):

@@ -14,6 +14,9 @@ Guarantees, beyond the contract:
   honours per-request seeds only in deterministic mode (``deterministic=True``, i.e.
   ``enable_deterministic_inference``): then record ``i``'s ``j``-th sample uses ``seed + i * n + j``;
   otherwise sampling draws from the engine's ``random_seed`` stream.
+* **Multi-turn** (agentic episodes): ``generate_ids`` takes token ids (every episode's whole context
+  so far) and returns one sample per row with the same log-prob and stop rules; ``generate`` is
+  ``generate_ids`` over each record's ``n`` copies of its prompt.
 * **Full-weight updates**: generation is paused (``pause_generation(mode="retract")``), the tensors go
   through ``Engine.update_weights_from_tensor`` in buckets of at most ``bucket_mb`` (a decoder layer is
   never split; on CUDA each bucket is moved to the GPU first, so SGLang receives it by CUDA IPC), the
@@ -53,7 +56,7 @@ from unirl_lightning.engines.base import EngineConfig, import_backend, make_grou
 from unirl_lightning.engines.serving import is_lora_push, lora_adapter_config, materialize_policy
 from unirl_lightning.lora import LoraSpec
 from unirl_lightning.models import PolicySpec
-from unirl_lightning.rollout.types import Rollout, RolloutRequest
+from unirl_lightning.rollout.types import FinishReason, Rollout, RolloutRequest, SamplingParams
 from unirl_lightning.weight_sync.buckets import weight_buckets
 
 __all__ = ["SGLangEngine", "SGLangEngineConfig", "import_sglang"]
@@ -229,40 +232,47 @@ class SGLangEngine:
 
     # -- generation ------------------------------------------------------------------------------
     def generate(self, request: RolloutRequest) -> list[list[Rollout]]:
-        self.wake()
-        sampling = request.sampling
         tok = self.tokenizer
-        stop_ids = self.policy.stop_ids(tok)
         prompt_ids = [self.policy.prompt_ids(tok, record) for record in request.records]
-        input_ids, params = [], []
-        for i, ids in enumerate(prompt_ids):
-            for j in range(request.n):
-                param: dict[str, Any] = {
-                    "temperature": sampling.temperature,  # 0 = greedy in SGLang
-                    "top_p": sampling.top_p,
-                    "max_new_tokens": sampling.max_new_tokens,
-                    "skip_special_tokens": True,
-                }
-                if sampling.stop:
-                    param["stop"] = list(sampling.stop)
-                param["stop_token_ids"] = stop_ids
-                if self.config.deterministic and request.seed is not None:
-                    param["sampling_seed"] = request.seed + i * request.n + j
-                input_ids.append(ids)
-                params.append(param)
+        rows = [ids for ids in prompt_ids for _ in range(request.n)]
+        samples = self.generate_ids(rows, request.sampling, request.seed)
+        return [
+            make_group(
+                request, i, ids, samples[i * request.n : (i + 1) * request.n], tok, self.weight_version
+            )
+            for i, ids in enumerate(prompt_ids)
+        ]
+
+    def generate_ids(
+        self, prompt_ids: list[list[int]], sampling: SamplingParams, seed: int | None = None
+    ) -> list[tuple[list[int], list[float], FinishReason]]:
+        """The token-level entry point (the agentic coordinator's): one sample per row of
+        ``prompt_ids`` (token ids, any lengths), as ``(completion_ids, logprobs, finish_reason)``.
+        The ids go to SGLang as they are, so earlier turns of an episode are never re-tokenized; in
+        deterministic mode row ``i`` is seeded with ``seed + i``."""
+        self.wake()
+        stop_ids = self.policy.stop_ids(self.tokenizer)
+        params = []
+        for i in range(len(prompt_ids)):
+            param: dict[str, Any] = {
+                "temperature": sampling.temperature,  # 0 = greedy in SGLang
+                "top_p": sampling.top_p,
+                "max_new_tokens": sampling.max_new_tokens,
+                "skip_special_tokens": True,
+                "stop_token_ids": stop_ids,
+            }
+            if sampling.stop:
+                param["stop"] = list(sampling.stop)
+            if self.config.deterministic and seed is not None:
+                param["sampling_seed"] = seed + i
+            params.append(param)
         kwargs: dict[str, Any] = {}
         if self._lora_name is not None:
-            kwargs["lora_path"] = [self._lora_name] * len(input_ids)
+            kwargs["lora_path"] = [self._lora_name] * len(prompt_ids)
         outputs = self.engine.generate(
-            input_ids=input_ids, sampling_params=params, return_logprob=True, **kwargs
+            input_ids=[list(ids) for ids in prompt_ids], sampling_params=params, return_logprob=True, **kwargs
         )
-        groups: list[list[Rollout]] = []
-        for i, ids in enumerate(prompt_ids):
-            samples = [
-                _completion(output, stop_ids) for output in outputs[i * request.n : (i + 1) * request.n]
-            ]
-            groups.append(make_group(request, i, ids, samples, tok, self.weight_version))
-        return groups
+        return [_completion(output, stop_ids) for output in outputs]
 
 
 def _completion(output: dict[str, Any], stop_ids: list[int]) -> tuple[list[int], list[float], str]:

@@ -244,9 +244,14 @@ class CalculatorEnv(Environment):
         decimals: decimal places of non-integer results.
         equals_key: ``compact`` syntax only: a turn that is just ``=`` calls the calculator on the
             record's ``expression`` (see the module docstring).
-        tool_credit: shaping for small models: a wrong final answer given after at least one
-            successful tool call earns :func:`digit_credit` (up to 0.5) instead of 0; without a
-            tool call only an exact answer scores.
+        tool_credit: shaping for small models: a wrong final answer given after a tool call whose
+            result *was* the right answer earns :func:`digit_credit` (up to 0.5: credit for copying
+            the result) instead of 0; otherwise only an exact answer scores. (Credit after any
+            successful call was gamed: a tiny model learned to call the tool on a constant and
+            answer that constant.)
+        call_credit: shaping for small models, with ``tool_credit``: the least reward of a numeric
+            final answer given after a tool call that returned the right answer (e.g. 0.1), so that
+            the useful call itself is worth learning before any digit is copied; 0 (default) = off.
 
     Example::
 
@@ -272,6 +277,7 @@ class CalculatorEnv(Environment):
         decimals: int = 6,
         equals_key: bool = False,
         tool_credit: bool = False,
+        call_credit: float = 0.0,
     ) -> None:
         super().__init__(max_turns)
         if syntax not in _SYNTAXES:
@@ -287,6 +293,10 @@ class CalculatorEnv(Environment):
                 raise ValueError(
                     f"CalculatorEnv {name}={value!r} is invalid; expected an int in [{low}, {high}]."
                 )
+        if not (isinstance(call_credit, (int, float)) and 0.0 <= call_credit <= 0.5):
+            raise ValueError(f"CalculatorEnv call_credit={call_credit!r} is invalid; expected a number in [0, 0.5].")
+        if call_credit and not tool_credit:
+            raise ValueError("CalculatorEnv call_credit needs tool_credit=True (it is a floor of the tool credit)")
         self.syntax: CalculatorSyntax = syntax
         self.reward = MathVerifyReward(answer_key=answer_key) if reward is None else resolve_reward(reward)
         self.answer_key = answer_key
@@ -295,9 +305,11 @@ class CalculatorEnv(Environment):
         self.decimals = decimals
         self.equals_key = equals_key
         self.tool_credit = tool_credit
+        self.call_credit = float(call_credit)
         self.tool_calls = 0
         self.tool_errors = 0
         self.format_errors = 0
+        self.answer_seen = False
 
     def on_reset(self, record: dict[str, Any]) -> Observation:
         for key in ("prompt", self.answer_key) + (("expression",) if self.equals_key else ()):
@@ -310,6 +322,7 @@ class CalculatorEnv(Environment):
         if not isinstance(prompt, str):
             raise ValueError(f"CalculatorEnv record 'prompt' must be a str, got {type(prompt).__name__}.")
         self.tool_calls = self.tool_errors = self.format_errors = 0
+        self.answer_seen = False  # a tool call returned the reference answer (tool_credit)
         if self.syntax == "compact":
             return prompt
         return [{"role": "system", "content": CALCULATOR_INSTRUCTIONS}, {"role": "user", "content": prompt}]
@@ -318,9 +331,10 @@ class CalculatorEnv(Environment):
         kind, payload = parse_calculator_turn(assistant_text, self.syntax)
         if kind == "answer":
             reward = score_batch(self.reward, [payload], [self.record])[0]
-            if self.tool_credit and reward < 1.0 and self.tool_calls > self.tool_errors:
+            if self.tool_credit and reward < 1.0 and self.answer_seen:
                 # the reward above already judged the answer: only the partial credit is added here
-                reward = max(reward, 0.5 * _position_match(payload, str(self.record[self.answer_key])))
+                credit = 0.5 * _position_match(payload, str(self.record[self.answer_key]))
+                reward = max(reward, credit, self.call_credit)
             return StepResult(None, reward, done=True, info={**self._counts(), "answer": payload})
         if kind == "call":
             self.tool_calls += 1
@@ -332,6 +346,7 @@ class CalculatorEnv(Environment):
                 self.tool_errors += 1
                 return StepResult(self._error(str(err)), info={**self._counts(), "expression": payload})
             result = format_number(value, self.decimals)
+            self.answer_seen = self.answer_seen or result == str(self.record[self.answer_key]).strip()
             observation = f"{result}," if self.syntax == "compact" else f"<result>{result}</result>"
             return StepResult(observation, info={**self._counts(), "expression": payload, "result": result})
         self.format_errors += 1
@@ -356,7 +371,7 @@ def digit_credit(answer_text: str, record: dict[str, Any], answer_key: str = "an
     """A shaped score for the final answer: 1.0 when math-verify accepts it, otherwise half the
     fraction of digit positions that match the reference (left-aligned, over the longer of the two),
     so a model that copies part of a tool result already earns something (``CalculatorEnv(tool_credit=True)``
-    uses it after a successful tool call).
+    uses it after a tool call that returned the right answer).
 
     >>> digit_credit("3711", {"answer": "3711"}), digit_credit("3719", {"answer": "3711"}), digit_credit("", {"answer": "3711"})
     (1.0, 0.375, 0.0)
@@ -382,12 +397,15 @@ def calculator_records(
     digits: int = 2,
     heldout_percent: int = 10,
 ) -> list[dict[str, Any]]:
-    """``num_prompts`` problems ``a*b+c`` / ``a*b-c`` (``a``, ``b`` with ``digits`` digits, ``c`` in 1..99).
+    """``num_prompts`` problems ``a*b+c`` / ``a*b-c`` (``a``, ``b`` with ``digits`` digits, ``c`` in 1..99;
+    with ``digits=1``, ``c`` in 1..9).
 
     The same arguments give the same records (a private ``random.Random(seed)``). Every expression
     belongs to exactly one split, by a stable hash of the expression (``heldout_percent`` percent
     are held out), so no ``"heldout"`` record ever appears in ``"train"``, whatever the seeds. The
-    problems need the tool: the products have ``2 * digits - 1`` or more digits.
+    problems need the tool: the products have ``2 * digits - 1`` or more digits. ``digits=1`` (answers
+    of one or two digits, 1,458 problems in all) is for tiny models learning the tool protocol: the
+    result to copy is short, and the held-out problems still need the tool.
 
     Returns records ``{"prompt", "answer", "expression", "task": "calculator"}``; the prompt is
     ``"What is 37*12+5?"`` (``xml``) or ``"37*12+5?"`` (``compact``).
@@ -402,7 +420,7 @@ def calculator_records(
         raise ValueError(f"syntax={syntax!r} is invalid; expected one of {_SYNTAXES}.")
     for name, value, low, high in (
         ("num_prompts", num_prompts, 0, 10**7),
-        ("digits", digits, 2, 6),
+        ("digits", digits, 1, 6),
         ("heldout_percent", heldout_percent, 1, 99),
     ):
         if not isinstance(value, int) or isinstance(value, bool) or not low <= value <= high:
@@ -415,7 +433,7 @@ def calculator_records(
     while len(records) < num_prompts:
         a = rng.randrange(10 ** (digits - 1), 10**digits)
         b = rng.randrange(10 ** (digits - 1), 10**digits)
-        c = rng.randrange(1, 100)
+        c = rng.randrange(1, 10 ** min(digits, 2))
         operator = rng.choice("+-")
         expression = f"{a}*{b}{operator}{c}"
         if in_heldout(expression, heldout_percent) != want_heldout:

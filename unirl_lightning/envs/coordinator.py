@@ -161,7 +161,7 @@ class EpisodeCoordinator:
         if not callable(getattr(engine, "generate_ids", None)):
             raise NotImplementedError(
                 f"agentic rollouts need the engine's token-level generate_ids(prompt_ids, sampling, seed); "
-                f"{type(engine).__name__} does not implement it yet: serve agentic modules with engine='hf' or 'vllm'"
+                f"{type(engine).__name__} does not implement it yet: serve agentic modules with engine='hf', 'vllm' or 'sglang'"
             )
         if on_env_error not in _ON_ENV_ERROR:
             raise ValueError(f"on_env_error must be one of {_ON_ENV_ERROR}, got {on_env_error!r}")

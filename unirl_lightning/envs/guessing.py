@@ -18,7 +18,11 @@ Syntax (``syntax="compact"``, for the tiny character-level model; string prompt)
     reward 0.13 -> 0.56 in 500 steps, about a minute of CPU.)
 Syntax (``syntax="words"``, for instruction-tuned models; chat-message prompt)
     the guess is the *last* integer in the turn (``"My guess is 50."``); observations ``higher``,
-    ``lower``, ``Reply with one whole number.``.
+    ``lower``, ``Reply with one whole number.``. With ``example_game=True`` the chat opens with the
+    rules as a system message and one short solved game (:data:`EXAMPLE_GAME`) before the record's
+    prompt: a small instruction model (SmolLM2-135M-Instruct) given the bare prompt answers with
+    prose in most turns (44 of 160 turns held a number, 1 of 32 games won; temperature 0.7, ranges in
+    0..20, 5 turns); after the example 141 of 144 turns held a number and 8 of 32 games were won.
 
 ``info`` of every step: ``guess`` (``None`` when invalid), ``feedback`` (``"higher"``, ``"lower"``,
 ``"correct"`` or ``"invalid"``), ``guesses`` and ``invalid_guesses`` so far.
@@ -44,7 +48,14 @@ from unirl_lightning.envs.base import (
     record_preview,
 )
 
-__all__ = ["GuessingGameEnv", "GuessingSyntax", "guessing_prompt", "guessing_records", "parse_guess"]
+__all__ = [
+    "EXAMPLE_GAME",
+    "GuessingGameEnv",
+    "GuessingSyntax",
+    "guessing_prompt",
+    "guessing_records",
+    "parse_guess",
+]
 
 GuessingSyntax = Literal["compact", "words"]
 _SYNTAXES = ("compact", "words")
@@ -58,6 +69,20 @@ _MAX_GUESS_DIGITS = 18
 _INTEGER_COMPACT = re.compile(rf"-?\d{{1,{_MAX_GUESS_DIGITS}}}")
 _INTEGER_WORDS = re.compile(r"-?\d+")
 _MAX_VARIED_RANGE = 200
+_RULES = (
+    "We play a number guessing game. Reply with one whole number and nothing else. "
+    "I answer higher, lower or correct."
+)
+EXAMPLE_GAME: list[dict[str, str]] = [
+    {"role": "user", "content": "New game: a whole number from 0 to 8. Your guess?"},
+    {"role": "assistant", "content": "4"},
+    {"role": "user", "content": "higher"},
+    {"role": "assistant", "content": "6"},
+    {"role": "user", "content": "lower"},
+    {"role": "assistant", "content": "5"},
+    {"role": "user", "content": "correct"},
+]
+"""The solved game that ``GuessingGameEnv(syntax="words", example_game=True)`` shows before the real one."""
 
 
 def _check_syntax(syntax: Any) -> None:
@@ -97,6 +122,8 @@ class GuessingGameEnv(Environment):
             (``higher``/``lower``, chat-message prompt).
         found_reward: reward for finding the secret on the first guess.
         turn_cost: subtracted per extra guess, so faster search earns more (never below 0).
+        example_game: ``words`` syntax only: open the chat with the rules (system message) and
+            :data:`EXAMPLE_GAME`, for instruction models too small to follow the bare prompt.
 
     Example::
 
@@ -113,10 +140,15 @@ class GuessingGameEnv(Environment):
         syntax: GuessingSyntax = "compact",
         found_reward: float = 1.0,
         turn_cost: float = 0.1,
+        example_game: bool = False,
     ) -> None:
         super().__init__(max_turns)
         if syntax not in _SYNTAXES:
             raise ValueError(f"GuessingGameEnv syntax={syntax!r} is invalid; expected one of {_SYNTAXES}.")
+        if example_game and syntax != "words":
+            raise ValueError(
+                "GuessingGameEnv example_game=True needs syntax='words' (the example is chat messages)"
+            )
         if not found_reward > 0:
             raise ValueError(f"GuessingGameEnv found_reward={found_reward!r} is invalid; expected > 0.")
         if not turn_cost >= 0:
@@ -124,6 +156,7 @@ class GuessingGameEnv(Environment):
         self.syntax: GuessingSyntax = syntax
         self.found_reward = float(found_reward)
         self.turn_cost = float(turn_cost)
+        self.example_game = bool(example_game)
         self.secret = 0
         self.guesses = 0
         self.invalid_guesses = 0
@@ -140,7 +173,10 @@ class GuessingGameEnv(Environment):
         self.secret = secret
         self.guesses = 0
         self.invalid_guesses = 0
-        return prompt if self.syntax == "compact" else [{"role": "user", "content": prompt}]
+        if self.syntax == "compact":
+            return prompt
+        opening = [{"role": "system", "content": _RULES}, *EXAMPLE_GAME] if self.example_game else []
+        return [*opening, {"role": "user", "content": prompt}]
 
     def on_step(self, assistant_text: str) -> StepResult:
         guess = parse_guess(assistant_text, self.syntax)
@@ -165,7 +201,7 @@ class GuessingGameEnv(Environment):
     def __repr__(self) -> str:
         return (
             f"GuessingGameEnv(max_turns={self.max_turns}, syntax={self.syntax!r}, "
-            f"found_reward={self.found_reward}, turn_cost={self.turn_cost})"
+            f"found_reward={self.found_reward}, turn_cost={self.turn_cost}, example_game={self.example_game})"
         )
 
 
