@@ -393,7 +393,10 @@ def test_call_credit_is_the_floor_of_an_answer_after_a_useful_call(turns, reward
     "kwargs, message",
     [
         ({"call_credit": 0.1}, "call_credit needs tool_credit=True"),
-        ({"call_credit": 0.7, "tool_credit": True}, "call_credit=0.7 is invalid; expected a number in \\[0, 0.5\\]"),
+        (
+            {"call_credit": 0.7, "tool_credit": True},
+            "call_credit=0.7 is invalid; expected a number in \\[0, 0.5\\]",
+        ),
     ],
 )
 def test_call_credit_is_checked(kwargs, message):

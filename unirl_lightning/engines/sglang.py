@@ -270,7 +270,7 @@ class SGLangEngine:
         if self._lora_name is not None:
             kwargs["lora_path"] = [self._lora_name] * len(prompt_ids)
         outputs = self.engine.generate(
-            input_ids=[list(ids) for ids in prompt_ids], sampling_params=params, return_logprob=True, **kwargs
+            input_ids=prompt_ids, sampling_params=params, return_logprob=True, **kwargs
         )
         return [_completion(output, stop_ids) for output in outputs]
 

@@ -294,9 +294,13 @@ class CalculatorEnv(Environment):
                     f"CalculatorEnv {name}={value!r} is invalid; expected an int in [{low}, {high}]."
                 )
         if not (isinstance(call_credit, (int, float)) and 0.0 <= call_credit <= 0.5):
-            raise ValueError(f"CalculatorEnv call_credit={call_credit!r} is invalid; expected a number in [0, 0.5].")
+            raise ValueError(
+                f"CalculatorEnv call_credit={call_credit!r} is invalid; expected a number in [0, 0.5]."
+            )
         if call_credit and not tool_credit:
-            raise ValueError("CalculatorEnv call_credit needs tool_credit=True (it is a floor of the tool credit)")
+            raise ValueError(
+                "CalculatorEnv call_credit needs tool_credit=True (it is a floor of the tool credit)"
+            )
         self.syntax: CalculatorSyntax = syntax
         self.reward = MathVerifyReward(answer_key=answer_key) if reward is None else resolve_reward(reward)
         self.answer_key = answer_key

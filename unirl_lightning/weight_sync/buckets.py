@@ -111,10 +111,6 @@ class PackedWeights:
                 for name, dtype, shape, array in zip(self.names, self.dtypes, self.shapes, self.arrays)
             ]
 
-    @property
-    def nbytes(self) -> int:
-        return sum(array.nbytes for array in self.arrays)
-
 
 def _flat_bytes(tensor: torch.Tensor) -> torch.Tensor:
     return tensor.detach().to("cpu").contiguous().reshape(-1).view(torch.uint8)
