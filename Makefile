@@ -53,3 +53,8 @@ bench-engines: $(VLLM_STAMP)
 
 clean:
 	rm -rf $(VENV) $(VLLM_VENV) runs lightning_logs .pytest_cache
+
+# precision and memory on one CUDA device (one JSON report, ~2 minutes on an H200; says so and exits 0 without CUDA)
+.PHONY: gpu-smoke
+gpu-smoke: $(STAMP)
+	$(PY) benchmarks/gpu_smoke.py

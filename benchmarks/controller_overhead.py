@@ -39,7 +39,7 @@ LAUNCHES_PER_STEP = 2  # max_inflight: always-ready jobs are reaped by the same 
 
 
 class ReadyPending:
-    """A generation that has already finished: the cheapest possible ``Pending``."""
+    """A generation that has already finished: the cheapest possible ``GenerationHandle``."""
 
     __slots__ = ("_groups",)
 

@@ -1,10 +1,12 @@
-"""Draw the README's benchmark figures from benchmarks/results/*.json.
+"""Draw the README's benchmark figures from benchmarks/results/*.json, or a run's timeline.
 
 python benchmarks/plot.py
+python benchmarks/plot.py --timeline runs/grpo_tiny/version_0/timeline.json   # -> timeline.png beside it
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 from pathlib import Path
 
@@ -29,7 +31,27 @@ def bars(path: Path, title: str, labels: list[str], values: list[float], unit: s
     print(f"wrote {path}")
 
 
+def timeline_gantt(trace_path: Path, out: Path | None = None) -> Path:
+    """A run's ``timeline.json`` (Chrome trace) as a Gantt chart PNG (default: ``timeline.png`` beside it)."""
+    from unirl_lightning.timeline import gantt, read_trace
+
+    trace_path = Path(trace_path)
+    out = gantt(
+        read_trace(trace_path), out or trace_path.with_suffix(".png"), f"timeline of {trace_path.parent.name}"
+    )
+    print(f"wrote {out}")
+    return out
+
+
 def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument(
+        "--timeline", type=Path, help="draw this run's timeline.json as a Gantt chart instead"
+    )
+    args = parser.parse_args()
+    if args.timeline is not None:
+        timeline_gantt(args.timeline)
+        return
     path = RESULTS / "async_vs_sync.json"
     if path.is_file():
         s = json.loads(path.read_text())["summary"]

@@ -219,7 +219,7 @@ def instrument(timers: Timers) -> None:
     from unirl_lightning.rollout.loop import RolloutLoop
     from unirl_lightning.rollout.types import ExperienceBatch
     from unirl_lightning.strategy import AsyncRolloutStrategy
-    from unirl_lightning.workers.group import RolloutWorkerGroup
+    from unirl_lightning.workers import RolloutWorkerGroup
 
     p = timers.patch
     p(RolloutLoop, "next_batch", "rollout.next_batch")
@@ -328,7 +328,7 @@ def child_push(cfg: dict[str, Any]) -> None:
     from unirl_lightning.models import PretrainedCausalLM
     from unirl_lightning.weight_sync import ObjectStoreWeightSync
     from unirl_lightning.weight_sync.base import named_weights
-    from unirl_lightning.workers.group import RolloutWorkerGroup, shutdown_ray_if_owned
+    from unirl_lightning.workers import RolloutWorkerGroup, shutdown_ray_if_owned
 
     warnings.filterwarnings("ignore")
     torch.set_num_threads(1)

@@ -107,3 +107,24 @@ def fit_tiny(
     )
     trainer.fit(module, datamodule=data)
     return trainer, module, recorder
+
+
+def rollout_settings(**overrides: Any) -> Any:
+    """The strategy's rollout settings as a runtime reads them, at the strategy's defaults (one CPU worker,
+    no restarts, a short deadline) with ``overrides``."""
+    from unirl_lightning.runtime import RolloutSettings
+
+    values = dict(
+        engine="auto",
+        max_staleness=1,
+        max_inflight=2,
+        num_workers=1,
+        num_cpus_per_worker=1,
+        num_gpus_per_worker=0,
+        placement="separate",
+        seed=0,
+        trainer_threads=None,
+        generation_timeout_s=60.0,
+        max_worker_restarts=0,
+    )
+    return RolloutSettings(**{**values, **overrides})

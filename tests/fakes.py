@@ -6,7 +6,7 @@ from collections.abc import Callable
 from typing import Any
 
 
-class FakePending:
+class FakeGenerationHandle:
     """A pending generation the test controls.
 
     ``ready()`` is true once the test sets ``is_ready`` (or ``wait()`` ran), or after ``delay``

@@ -30,6 +30,12 @@ _EXPORTS = {
     "RolloutEvalCallback": "unirl_lightning.callbacks",
     "WeightVersionLogger": "unirl_lightning.callbacks",
     "SampleImageLogger": "unirl_lightning.callbacks",
+    "ExportOnTrainEnd": "unirl_lightning.callbacks",
+    "CompletionLogger": "unirl_lightning.callbacks",
+    "TimelineWriter": "unirl_lightning.callbacks",
+    # export a checkpoint's policy in the Hugging Face layout
+    "export_checkpoint": "unirl_lightning.export",
+    "export_policy": "unirl_lightning.export",
     # data
     "PromptDataModule": "unirl_lightning.data",
     "ImagePromptDataModule": "unirl_lightning.data",

@@ -13,6 +13,20 @@ parsing and before anything is built (no model, no Ray), the CLI also:
   logging into that run's folder; with none there it stops with an error instead of starting over;
 * gives the trainer the RL progress bar.
 
+``unirl-lightning export --config X.yaml --ckpt_path PATH --output DIR [--merge] [--overwrite]`` builds
+the module from the same config (nothing else: no trainer, no Ray), loads the checkpoint's policy
+(a ``.ckpt`` file or a sharded checkpoint folder; ``last`` as for ``fit``) and writes it in the
+Hugging Face layout (:mod:`unirl_lightning.export`). The config may be the run's own saved
+``config.yaml``.
+
+``unirl-lightning validate --config X.yaml [--ckpt_path PATH]`` evaluates without training: the
+fit config's trainer, module and datamodule are built, the checkpoint's policy (``last`` as for
+``fit``) is loaded into the module before the rollout workers start (so they are pushed the
+restored weights at the strategy's setup, at version 0), the trainer's ``RolloutEvalCallback`` (a
+default one when it has none) evaluates the held-out prompts once, and the figures are printed as
+one JSON line (``eval/reward_mean``, ``eval/accuracy``, ``eval/pass@k``, ``eval/mean@n``,
+``eval/maj@n``, ...). Without ``--ckpt_path`` the initial model is evaluated.
+
 Errors exit with code 2 and a parser message. The console script keeps Ray's token authentication
 on without its start-up warning (``RAY_AUTH_MODE=token`` unless set), and exits 143 on SIGTERM.
 """
@@ -27,13 +41,14 @@ if not os.environ.get("RAY_ADDRESS"):  # before anything imports ray: it reads t
 import importlib  # noqa: E402
 import importlib.util  # noqa: E402
 import inspect  # noqa: E402
+import json  # noqa: E402
 import logging  # noqa: E402
 import sys  # noqa: E402
 import warnings  # noqa: E402
 from pathlib import Path  # noqa: E402
 from typing import Any  # noqa: E402
 
-from jsonargparse import Namespace  # noqa: E402
+from jsonargparse import ActionYesNo, Namespace  # noqa: E402
 from lightning.pytorch import LightningDataModule  # noqa: E402
 from lightning.pytorch.callbacks import ModelCheckpoint, ProgressBar  # noqa: E402
 from lightning.pytorch.cli import LightningCLI  # noqa: E402
@@ -137,7 +152,7 @@ def resolve_last_checkpoint(config: Any) -> None:
 def check_combinations(config: Any) -> None:
     """Reject configurations that parse but cannot run, before anything is built; the message names
     the keys (the rules are the strategy's own, :func:`check_rollout_settings`)."""
-    from unirl_lightning.strategy import check_rollout_settings
+    from unirl_lightning.runtime import check_rollout_settings
 
     trainer = config.get("trainer") if hasattr(config, "get") else None
     settings = _strategy_settings(trainer)
@@ -190,6 +205,187 @@ class UniRLCLI(LightningCLI):
         add_rl_progress_bar(config)
 
 
+class ExportCLI(UniRLCLI):
+    """``unirl-lightning export``: the fit config's module, a checkpoint's policy in it, written out.
+
+    Parses the config as ``fit`` does (same checks, ``--ckpt_path last`` resolved the same way) plus
+    ``--output``, ``--merge`` and ``--overwrite``; instantiates the module only (the trainer is not
+    built, so a GPU recipe exports on a CPU machine), then :func:`unirl_lightning.export.export_checkpoint`.
+    """
+
+    def __init__(self, args: list[str] | None = None, **kwargs: Any) -> None:
+        kwargs.setdefault(
+            "parser_kwargs",
+            {
+                "prog": "unirl-lightning export",
+                "description": "Export a checkpoint's policy in the Hugging Face layout.",
+            },
+        )
+        super().__init__(args=args, run=False, **kwargs)
+
+    def add_arguments_to_parser(self, parser: Any) -> None:
+        parser.add_argument(
+            "--ckpt_path",
+            type=str | None,
+            default=None,
+            help="a .ckpt file, a sharded checkpoint folder, or 'last' (the newest last*.ckpt of the run)",
+        )
+        parser.add_argument(
+            "--weights_only", type=bool | None, default=None, help="ignored (a fit config key)"
+        )
+        parser.add_argument("--output", type=str | None, default=None, help="the directory to write")
+        parser.add_argument(
+            "--merge", action=ActionYesNo, default=False, help="LoRA: write the merged full model"
+        )
+        parser.add_argument(
+            "--overwrite", action=ActionYesNo, default=False, help="replace a non-empty --output"
+        )
+
+    def before_instantiate_classes(self) -> None:
+        from unirl_lightning.export import check_checkpoint_path, check_output
+
+        config = self.config
+        if not config.get("ckpt_path"):
+            self.parser.error(
+                "export needs --ckpt_path (a .ckpt file, a sharded checkpoint folder, or 'last')"
+            )
+        if not config.get("output"):
+            self.parser.error("export needs --output (the directory to write)")
+        super().before_instantiate_classes()  # the fit checks, and 'last' resolved
+        try:
+            check_checkpoint_path(config["ckpt_path"])
+            check_output(config["output"], config["overwrite"])
+            args = config.get("model", Namespace()).get("init_args")
+            if (
+                config["merge"]
+                and isinstance(args, Namespace)
+                and "lora" in args
+                and args.get("lora") is None
+            ):
+                raise ValueError(
+                    "--merge: the policy has no LoRA adapters (model.init_args.lora is not set), so its weights "
+                    "are already the full model; export without --merge"
+                )
+        except (ValueError, FileNotFoundError, FileExistsError) as exc:
+            self.parser.error(str(exc))
+
+    def instantiate_classes(self) -> None:
+        """The module only: no trainer, strategy, callbacks, logger or datamodule is built."""
+        from lightning.pytorch.cli import LightningArgumentParser
+
+        parser = LightningArgumentParser()
+        parser.add_lightning_class_args(self.model_class, "model", subclass_mode=self.subclass_mode_model)
+        config = parser.parse_object({"model": self.config["model"].as_dict()})
+        self.model = parser.instantiate_classes(config)["model"]
+        self.trainer = self.datamodule = None
+
+    def export(self) -> Path:
+        from unirl_lightning.export import export_checkpoint
+
+        config = self.config
+        try:
+            return export_checkpoint(
+                self.model,
+                config["ckpt_path"],
+                config["output"],
+                merge=config["merge"],
+                overwrite=config["overwrite"],
+            )
+        except (ValueError, KeyError, FileNotFoundError, FileExistsError) as exc:
+            self.parser.error(str(exc.args[0]) if exc.args else str(exc))
+
+
+def run_export(args: list[str]) -> Path:
+    """``unirl-lightning export ARGS``: returns the directory written."""
+    quiet_lightning_notices()
+    log = logging.getLogger("unirl_lightning.export")
+    if not log.handlers:
+        log.addHandler(logging.StreamHandler())
+        log.setLevel(logging.INFO)
+    path = ExportCLI(args=args).export()
+    print(f"Exported to {path}")
+    return path
+
+
+class ValidateCLI(UniRLCLI):
+    """``unirl-lightning validate``: the fit config's trainer, module and datamodule, a checkpoint's
+    policy in the module, one held-out evaluation on the rollout workers (see the module docstring).
+
+    Parses the config as ``fit`` does (same checks, ``--ckpt_path last`` resolved the same way).
+    """
+
+    def __init__(self, args: list[str] | None = None, **kwargs: Any) -> None:
+        kwargs.setdefault(
+            "parser_kwargs",
+            {
+                "prog": "unirl-lightning validate",
+                "description": "Evaluate a checkpoint (or the initial model) on the held-out prompts.",
+            },
+        )
+        super().__init__(args=args, run=False, **kwargs)
+
+    def add_arguments_to_parser(self, parser: Any) -> None:
+        parser.add_argument(
+            "--ckpt_path",
+            type=str | None,
+            default=None,
+            help="a .ckpt file, a sharded checkpoint folder, or 'last'; none = the initial model",
+        )
+        parser.add_argument(
+            "--weights_only", type=bool | None, default=None, help="ignored (a fit config key)"
+        )
+
+    def before_instantiate_classes(self) -> None:
+        from unirl_lightning.export import check_checkpoint_path
+
+        super().before_instantiate_classes()  # the fit checks, and 'last' resolved
+        if self.config.get("ckpt_path"):
+            try:
+                check_checkpoint_path(self.config["ckpt_path"])
+            except (ValueError, FileNotFoundError) as exc:
+                self.parser.error(str(exc))
+
+    def validate(self) -> dict[str, float] | None:
+        """Evaluate once; the figures on rank 0 (None on the other ranks)."""
+        from unirl_lightning.callbacks import RolloutEvalCallback
+        from unirl_lightning.export import load_policy_checkpoint
+
+        trainer, model = self.trainer, self.model
+        ckpt_path = self.config.get("ckpt_path")
+        if ckpt_path:
+            try:
+                load_policy_checkpoint(model, ckpt_path)
+            except (ValueError, KeyError, FileNotFoundError, RuntimeError) as exc:
+                self.parser.error(str(exc.args[0]) if exc.args else str(exc))
+        callback = next((c for c in trainer.callbacks if isinstance(c, RolloutEvalCallback)), None)
+        if callback is None:
+            callback = RolloutEvalCallback()
+            trainer.callbacks.append(callback)
+        callback.validate_only = True
+        trainer.fit_loop.epoch_loop.max_steps = (
+            0  # the strategy's setup (workers started and pushed), no training
+        )
+        try:
+            trainer.fit(model, datamodule=self.datamodule)
+        finally:
+            shutdown = getattr(trainer.strategy, "shutdown", None)
+            if callable(shutdown):
+                shutdown()
+        return callback.validated if trainer.is_global_zero else None
+
+
+def run_validate(args: list[str]) -> dict[str, float] | None:
+    """``unirl-lightning validate ARGS``: evaluate, print the figures as one JSON line (rank 0) and
+    return them."""
+    import unirl_lightning.strategy  # noqa: F401  registers "async_rollout" with Lightning
+
+    quiet_lightning_notices()
+    metrics = ValidateCLI(args=args).validate()
+    if metrics is not None:
+        print(json.dumps(metrics, sort_keys=True), flush=True)
+    return metrics
+
+
 def run_cli(args: list[str] | None = None, **kwargs: Any) -> UniRLCLI:
     """Build and run the CLI; returns it (its ``trainer``, ``model``, ``datamodule``)."""
     import unirl_lightning.strategy  # noqa: F401  registers "async_rollout" with Lightning
@@ -215,7 +411,18 @@ def quiet_lightning_notices() -> None:
 
 
 def main(args: list[str] | None = None) -> None:
-    """The ``unirl-lightning`` console script."""
+    """The ``unirl-lightning`` console script (``export``: :func:`run_export`, ``validate``:
+    :func:`run_validate`, the rest: LightningCLI)."""
+    argv = sys.argv[1:] if args is None else list(args)
+    if argv[:1] == ["export"]:
+        run_export(argv[1:])
+        return
+    if argv[:1] == ["validate"]:
+        try:
+            run_validate(argv[1:])
+        except SIGTERMException:
+            sys.exit(143)
+        return
     try:
         run_cli(args)
     except SIGTERMException:  # Lightning ends a SIGTERMed run with SystemExit(0): say it was killed

@@ -2,9 +2,11 @@
 
 ``make demo`` (or ``python -m unirl_lightning.demo``) runs ``examples/grpo_tiny.yaml`` through the
 ``unirl-lightning`` CLI, reads the TensorBoard logs back, draws ``reward_curve.png`` next to them,
-prints held-out accuracy before and after, and ends with one JSON line::
+and the run's ``timeline.json`` (generation, waits, training steps and weight syncs, per track) as
+``timeline.png``, prints held-out accuracy before and after, and ends with one JSON line::
 
-    {"eval_accuracy_start": ..., "eval_accuracy_end": ..., "steps": ..., "wall_s": ..., "log_dir": ...}
+    {"eval_accuracy_start": ..., "eval_accuracy_end": ..., "steps": ..., "wall_s": ..., "log_dir": ...,
+     "reward_curve": ..., "timeline": ...}
 
 Extra arguments are passed to the CLI (e.g. ``--trainer.max_steps 40``).
 """
@@ -22,6 +24,7 @@ RECIPE = Path(__file__).resolve().parents[1] / "examples" / "grpo_tiny.yaml"
 def main(argv: list[str] | None = None) -> dict:
     from unirl_lightning.cli import run_cli
     from unirl_lightning.tb import plot_curves, read_scalars
+    from unirl_lightning.timeline import gantt, read_trace
 
     argv = list(sys.argv[1:] if argv is None else argv)
     if not RECIPE.is_file():
@@ -42,6 +45,9 @@ def main(argv: list[str] | None = None) -> dict:
         log_dir / "reward_curve.png",
         "GRPO on a tiny Llama (CPU)",
     )
+    timeline = gantt(
+        read_trace(log_dir / "timeline.json"), log_dir / "timeline.png", "GRPO on a tiny Llama: timeline"
+    )
     summary = {
         "eval_accuracy_start": accuracy[0],
         "eval_accuracy_end": accuracy[-1],
@@ -49,11 +55,14 @@ def main(argv: list[str] | None = None) -> dict:
         "wall_s": round(wall_s, 1),
         "log_dir": str(log_dir),
         "reward_curve": str(curve),
+        "timeline": str(timeline),
     }
     print(
         f"held-out accuracy: {accuracy[0]:.3f} before training -> {accuracy[-1]:.3f} after {summary['steps']} steps"
     )
-    print(f"TensorBoard: tensorboard --logdir {log_dir.parent}    reward curve: {curve}")
+    print(
+        f"TensorBoard: tensorboard --logdir {log_dir.parent}    reward curve: {curve}    timeline: {timeline}"
+    )
     print(json.dumps(summary))
     return summary
 

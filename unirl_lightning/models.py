@@ -75,6 +75,13 @@ class PromptFormat:
 class TinyCausalLM(PromptFormat):
     """A tiny random-init Llama with a character tokenizer, built locally (no chat template).
 
+    Args:
+        dtype: parameter dtype after the (float32, seeded) init: ``"bfloat16"`` builds the same
+            weights rounded, and the trainer then keeps float32 masters of them (mixed precision).
+        vocab_size: rows of the embedding and LM head; None = the tokenizer's size. A larger one
+            pads the vocabulary as real checkpoints do (ids past the tokenizer decode to nothing),
+            for measuring what a real vocabulary costs.
+
     Example::
 
         model, tokenizer = TinyCausalLM(hidden_size=64, num_layers=2).build()
@@ -88,6 +95,16 @@ class TinyCausalLM(PromptFormat):
     seed: int = 0
     chat: bool = False
     system_prompt: str | None = None
+    dtype: Dtype = "float32"
+    vocab_size: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.dtype not in DTYPES:
+            raise ValueError(f"TinyCausalLM dtype={self.dtype!r} is invalid; expected one of {list(DTYPES)}.")
+        if self.vocab_size is not None and self.vocab_size < len(CHAR_VOCAB):
+            raise ValueError(
+                f"TinyCausalLM vocab_size={self.vocab_size} is smaller than its tokenizer ({len(CHAR_VOCAB)} tokens)."
+            )
 
     def build(self) -> tuple[Any, Any]:
         import torch
@@ -95,7 +112,7 @@ class TinyCausalLM(PromptFormat):
 
         tokenizer = build_char_tokenizer()
         config = LlamaConfig(
-            vocab_size=len(tokenizer),
+            vocab_size=self.vocab_size or len(tokenizer),
             hidden_size=self.hidden_size,
             intermediate_size=self.intermediate_size,
             num_hidden_layers=self.num_layers,
@@ -111,7 +128,7 @@ class TinyCausalLM(PromptFormat):
             torch.manual_seed(self.seed)
             model = LlamaForCausalLM(config)
         model.generation_config.pad_token_id = tokenizer.pad_token_id
-        return model.float(), tokenizer
+        return without_dropout(model.to(getattr(torch, self.dtype))), tokenizer
 
 
 REAL_MODEL_EXTRA = "pip install 'unirl-lightning[real-model]'"
@@ -391,9 +408,28 @@ class PretrainedCausalLM(PromptFormat):
         }
         if self.attn_implementation:
             kwargs["attn_implementation"] = self.attn_implementation
-        model = AutoModelForCausalLM.from_pretrained(path, **kwargs)
+        model = without_dropout(AutoModelForCausalLM.from_pretrained(path, **kwargs))
         model.generation_config.pad_token_id = tokenizer.pad_token_id
         return model, tokenizer
+
+
+def without_dropout(model: Any) -> Any:
+    """``model`` in train mode with every dropout off (as TRL's ``disable_dropout``), in place.
+
+    RL recomputes the engine's log-probs: with dropout on, the trainer's would be a random function of
+    the same weights and the on-policy ratio would not be 1. ``from_pretrained`` returns eval mode
+    instead, which Lightning reports at fit start ("Found N module(s) in eval mode") and under which
+    transformers skips activation checkpointing; train mode without dropout has neither problem.
+    """
+    import torch
+
+    for module in model.modules():
+        if isinstance(module, torch.nn.Dropout):
+            module.p = 0.0
+        for name in ("attention_dropout", "dropout"):  # attention kernels read a float, not a module
+            if isinstance(getattr(module, name, None), float):
+                setattr(module, name, 0.0)
+    return model.train()
 
 
 PolicySpec = TinyCausalLM | PretrainedCausalLM

@@ -5,6 +5,11 @@ metrics, a checksum of the trained weights and whether the workers hold them bit
 
     python tests/distributed/ddp_run.py --out DIR --mode sync|async --max-steps N [--ckpt PATH]
         [--parallel ddp|fsdp] [--sharded-checkpoint] [--weight-sync object_store|collective]
+        [--timeout-s S] [--kill-worker-rank R --kill-at-step K] [--raise-rank R --raise-at-step K]
+
+Faults: ``--kill-worker-rank R --kill-at-step K`` SIGKILLs rank R's rollout worker at the start of
+RL step K (a request is in flight in async mode); ``--raise-rank R --raise-at-step K`` raises inside
+rank R's training step K (the run fails; nothing is written).
 """
 
 from __future__ import annotations
@@ -13,7 +18,9 @@ import argparse
 import hashlib
 import json
 import os
+import signal
 import sys
+import time
 from pathlib import Path
 
 os.environ.setdefault("RAY_AUTH_MODE", "token")
@@ -56,6 +63,7 @@ class Record(Callback):
         mine = pl_module.last_step_metrics  # this rank's, not the mean over ranks
         self.steps[-1]["ratio_mean"] = float(mine["ratio_mean"])
         self.steps[-1]["logp_diff_abs"] = float(mine["logp_diff_abs"])
+        self.steps[-1]["worker_restarts"] = trainer.strategy.runtime.stats()["rollout/worker_restarts"]
 
     def on_train_start(self, trainer, pl_module):  # after a resume has restored the weights
         self.workers_equal_at_start = workers_hold(trainer, whole_state(pl_module))
@@ -64,7 +72,7 @@ class Record(Callback):
         strategy = trainer.strategy
         trainer_state = whole_state(pl_module)
         held, total = local_numel(pl_module.policy)
-        loop = strategy.loop
+        loop = strategy.runtime.loop
         self.final = {
             "rank": trainer.global_rank,
             "steps": self.steps,
@@ -79,6 +87,39 @@ class Record(Callback):
         }
 
 
+def worker_pid(worker, *_):
+    return os.getpid()
+
+
+class KillWorker(Callback):
+    """SIGKILLs rollout worker 0 of rank ``rank`` at the start of RL step ``at_step``."""
+
+    def __init__(self, rank: int, at_step: int) -> None:
+        self.rank, self.at_step = rank, at_step
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+        if trainer.global_rank == self.rank and batch_idx == self.at_step:
+            import ray
+
+            os.kill(
+                ray.get(trainer.strategy.runtime.workers.workers[0].run.remote(worker_pid)), signal.SIGKILL
+            )
+
+
+def raise_in_training_step(module, rank: int, at_step: int, out: Path) -> None:
+    """Make ``module``'s training step ``at_step`` raise on rank ``rank`` (the other ranks go on);
+    the time of the raise goes to ``out/raised_at``."""
+    training_step = module.training_step
+
+    def failing_step(batch, batch_idx, *args, **kwargs):
+        if module.global_rank == rank and batch_idx == at_step:
+            (out / "raised_at").write_text(repr(time.time()))
+            raise RuntimeError(f"injected failure on rank {rank} at step {at_step}")
+        return training_step(batch, batch_idx, *args, **kwargs)
+
+    module.training_step = failing_step
+
+
 def whole_state(pl_module) -> dict:
     """The policy's tensors whole (a sharded policy is gathered: every rank runs this, in the same order)."""
     return {k: full_tensor(v) for k, v in pl_module.policy.state_dict().items()}
@@ -91,7 +132,7 @@ def workers_hold(trainer, state: dict) -> bool | None:
         return None
     return all(
         all(torch.equal(worker[k], v) for k, v in state.items())
-        for worker in trainer.strategy.workers.call("state_dict")
+        for worker in trainer.strategy.runtime.workers.call("state_dict")
     )
 
 
@@ -112,6 +153,11 @@ def main() -> None:
     parser.add_argument("--sharded-checkpoint", action="store_true", help="FSDP: a folder of shards")
     parser.add_argument("--lora", type=int, default=0, help="LoRA rank (0 = full fine-tuning)")
     parser.add_argument("--weight-sync", choices=["object_store", "collective"], default="object_store")
+    parser.add_argument("--timeout-s", type=float, default=1800.0, help="the process group's timeout")
+    parser.add_argument("--kill-worker-rank", type=int, default=None)
+    parser.add_argument("--kill-at-step", type=int, default=2)
+    parser.add_argument("--raise-rank", type=int, default=None)
+    parser.add_argument("--raise-at-step", type=int, default=2)
     args = parser.parse_args()
     out = Path(args.out)
     torch.set_num_threads(1)
@@ -123,12 +169,16 @@ def main() -> None:
         max_inflight=inflight,
         num_workers=1,
         weight_sync=args.weight_sync,
+        timeout_s=args.timeout_s,
     )
+    if args.parallel == "fsdp" and args.weight_sync == "collective":
+        settings["max_worker_restarts"] = 0  # a replacement under FSDP needs object_store (it re-sends)
     if args.parallel == "ddp":
         strategy = AsyncRolloutDDPStrategy(**settings)
     else:
         strategy = AsyncRolloutFSDPStrategy(save_distributed_checkpoint=args.sharded_checkpoint, **settings)
     record = Record()
+    faults = [] if args.kill_worker_rank is None else [KillWorker(args.kill_worker_rank, args.kill_at_step)]
     trainer = Trainer(
         accelerator="cpu",
         devices=2,
@@ -139,12 +189,15 @@ def main() -> None:
             WeightVersionLogger(histogram_every_n_steps=0),
             record,
             ModelCheckpoint(out / "ckpt", every_n_train_steps=1, save_last=True),
+            *faults,
         ],
         logger=False,
         enable_progress_bar=False,
         enable_model_summary=False,
     )
     module = tiny_module(lora=LoraSpec(rank=args.lora) if args.lora else None)
+    if args.raise_rank is not None:
+        raise_in_training_step(module, args.raise_rank, args.raise_at_step, out)
     data = PromptDataModule(
         train="digit_successor",
         batch_size=4,

@@ -1,6 +1,7 @@
 """Agentic GRPO end to end on real Ray workers with a tiny real Llama: the synchronous multi-turn pin,
-a sync in the middle of live episodes (carry and drop), crashing environments (continue counted, stop
-cleanly), the TensorBoard tags, and the recipes."""
+a sync in the middle of live episodes (carry and drop), the turn-staleness bound and the context
+budget, crashing environments (continue counted, stop cleanly), the TensorBoard tags, and the
+recipes."""
 
 from __future__ import annotations
 
@@ -35,6 +36,11 @@ AGENTIC_TAGS = [
     "agentic/tool_calls_mean",
     "agentic/episode_len_mean",
     "agentic/env_errors",
+    "agentic/turn_staleness_max",
+    "agentic/turn_staleness_mean",
+    "agentic/turn_evicted_groups",
+    "agentic/truncated_turns",
+    "agentic/context_limited",
     "rollout/reward_mean",
     "rollout/staleness_max",
     "train/ratio_mean",
@@ -86,7 +92,7 @@ def fit_agentic(tmp_path, module, data, *, max_staleness, max_inflight, max_step
     trainer = make_trainer(tmp_path, strategy, max_steps, callbacks)
     try:
         trainer.fit(module, datamodule=data)
-        loop = strategy.loop
+        loop = strategy.runtime.loop
     finally:
         strategy.shutdown()
     return trainer, loop, recorder
@@ -202,6 +208,28 @@ def test_every_interrupted_episode_is_trained_at_most_once_and_none_is_lost(inte
     assert_every_group_accounted_for(loop, module)
 
 
+# -- the oldest-turn clock and the context budget, threaded from the module to the workers -------------
+def test_max_turn_staleness_and_max_context_tokens_reach_the_loop_and_the_workers(tmp_path):
+    """Carry with a sync every step: no trained episode has a turn more than one version older than
+    the weights it trains under, and the 12-turn episodes end at the 12-token context budget."""
+    env = {"class_path": COUNTDOWN, "init_args": {"step_sleep_s": 0.01}}
+    module = agentic_module(env, tail_policy="carry", max_turn_staleness=1, max_context_tokens=12)
+    trainer, loop, recorder = fit_agentic(
+        tmp_path, module, countdown_data(pattern=(1, 12)), max_staleness=1, max_inflight=2, max_steps=6
+    )
+    assert trainer.global_step == 6 and loop.max_turn_staleness == 1
+    for step in recorder.steps:
+        assert step["metrics"]["agentic/turn_staleness_max"] <= 1
+    samples = [s for group in module.trained_groups for s in group]
+    assert all(s.weight_version - min(s.turn_versions) <= 1 for s in samples)
+    assert all(len(s.prompt_ids) + len(s.completion_ids) <= 12 for s in samples)
+    limited = [s for s in samples if s.context_limited]
+    assert limited and all(1 < s.num_turns < 12 for s in limited), "the long episodes end at the budget"
+    assert recorder.steps[-1]["metrics"]["agentic/context_limited"] == loop.context_limited > 0
+    assert recorder.steps[-1]["metrics"]["agentic/turn_evicted_groups"] == loop.turn_evicted_groups
+    assert_every_group_accounted_for(loop, module)
+
+
 # -- held-out evaluation ----------------------------------------------------------------------------
 @pytest.mark.parametrize("sync_every", [1, 2])
 def test_agentic_eval_plays_whole_held_out_episodes_read_only(tmp_path, sync_every):
@@ -222,7 +250,7 @@ def test_agentic_eval_plays_whole_held_out_episodes_read_only(tmp_path, sync_eve
     pushes = count_pushes(strategy)
     try:
         trainer.fit(module, datamodule=data)
-        loop = strategy.loop
+        loop = strategy.runtime.loop
     finally:
         strategy.shutdown()
     assert len(evaluator.history) == 5  # before training and after each of the 4 steps
@@ -282,7 +310,11 @@ def test_a_worker_killed_mid_episode_is_replaced_and_its_episodes_restart_with_n
     trainer = make_trainer(tmp_path, strategy, 6, [WeightSyncCallback(), recorder, killer])
     try:
         trainer.fit(module, datamodule=countdown_data(pattern=(1, 12)))
-        loop, restarts, relaunched = strategy.loop, strategy.workers.restarts, strategy.episodes.relaunched
+        loop, restarts, relaunched = (
+            strategy.runtime.loop,
+            strategy.runtime.workers.restarts,
+            strategy.runtime.episodes.relaunched,
+        )
     finally:
         strategy.shutdown()
     assert killer.pid is not None and trainer.global_step == 6
@@ -318,7 +350,7 @@ def test_a_crashing_env_with_on_env_error_raise_stops_the_run_naming_the_environ
     trainer = make_trainer(tmp_path, strategy, 3, [WeightSyncCallback()])
     with pytest.raises(EnvStepError, match=r"CountdownEnv raised in step \(turn 2\).*'prompt': '1\?'"):
         trainer.fit(module, datamodule=data)
-    assert strategy.workers is None, "the workers must be shut down when the run stops"
+    assert strategy.runtime is None, "the workers must be shut down when the run stops"
     assert trainer.global_step == 0
 
 
@@ -355,11 +387,21 @@ def mean(values: list[float]) -> float:
 
 def test_the_guessing_recipe_reward_rises_in_a_short_run(tmp_path):
     """60 steps of examples/agentic_guessing_tiny.yaml (the recipe runs 300): the mean reward of the
-    last 15 steps beats the first 15 by a clear margin (measured: 0.22 -> 0.35)."""
-    rewards = run_recipe(tmp_path, "agentic_guessing_tiny.yaml", 60)["rollout/reward_mean"]
+    last 15 steps beats the first 15 by a clear margin (measured: 0.22 -> 0.35). The turn-staleness
+    figures are logged every step; the one-token turns of the compact syntax are never "truncated
+    turns" (no chat template: nothing to close)."""
+    scalars = run_recipe(tmp_path, "agentic_guessing_tiny.yaml", 60)
+    rewards = scalars["rollout/reward_mean"]
     assert len(rewards) == 60
     first, last = mean(rewards[:15]), mean(rewards[-15:])
     assert last > first + 0.05, f"reward did not rise: first 15 steps {first:.3f}, last 15 steps {last:.3f}"
+    worst, average = scalars["agentic/turn_staleness_max"], scalars["agentic/turn_staleness_mean"]
+    assert len(worst) == len(average) == 60
+    assert all(high >= mean_ >= 0 for high, mean_ in zip(worst, average))
+    assert max(worst) >= 1, "carried episodes under a sync every step have turns one version old or more"
+    assert set(scalars["agentic/truncated_turns"]) == {0.0} and set(
+        scalars["agentic/turn_evicted_groups"]
+    ) == {0.0}
 
 
 def test_the_calculator_recipe_learns_to_call_the_tool_in_a_short_run(tmp_path):

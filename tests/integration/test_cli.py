@@ -33,7 +33,7 @@ def parse_error(capsys, path: Path) -> str:
 def test_recipe_parses_and_builds_every_component(tmp_path):
     cli = run_cli(["--config", str(RECIPE), f"--trainer.default_root_dir={tmp_path}"], run=False)
     assert type(cli.trainer.strategy).__name__ == "AsyncRolloutStrategy"
-    assert cli.trainer.strategy.max_staleness == 1 and cli.trainer.strategy.max_inflight == 2
+    assert cli.trainer.strategy.rollout.max_staleness == 1 and cli.trainer.strategy.rollout.max_inflight == 2
     assert type(cli.model).__name__ == "GRPOModule"
     assert {type(c).__name__ for c in cli.trainer.callbacks} >= {
         "WeightSyncCallback",

@@ -1,7 +1,9 @@
 """Two training ranks, DDP and FSDP2 (CPU, gloo, real Ray, tiny real model), each driving its own
 rollout worker: the on-policy pin on every rank, identical parameters (FSDP: each rank holds half of
 them and the gathered weights agree), workers bit-identical to the trainer, disjoint prompts, the
-staleness bound across ranks, and kill-and-resume with 2 ranks. Each run is
+staleness bound across ranks, and kill-and-resume with 2 ranks. Failures: a worker of rank 1 killed
+under FSDP is replaced from the kept push (no gather on one rank); an exception on rank 1 ends the
+run on every rank within the process group's timeout, leaving no process behind. Each run is
 tests/distributed/ddp_run.py in a subprocess (Lightning's launcher starts rank 1 from the script)."""
 
 from __future__ import annotations
@@ -10,9 +12,13 @@ import json
 import os
 import subprocess
 import sys
+import time
+import uuid
 from pathlib import Path
 
+import psutil
 import pytest
+import torch
 
 pytestmark = [pytest.mark.slow, pytest.mark.multirank]  # make test-multirank
 
@@ -20,15 +26,25 @@ ROOT = Path(__file__).resolve().parents[2]
 LAUNCHER_VARIABLES = ("LOCAL_RANK", "NODE_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "RAY_ADDRESS")
 
 
-def run_two_ranks(
-    out: Path, mode: str, max_steps: int, ckpt: Path | None = None, parallel: str = "ddp", *extra: str
-) -> list[dict]:
+RUN_MARKER = "UNIRL_TEST_RUN"  # every process of a run inherits it (Ray's head and workers too)
+
+
+def launch(
+    out: Path, mode: str, max_steps: int, ckpt: Path | None, parallel: str, *extra: str, marker: str = ""
+) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if k not in LAUNCHER_VARIABLES}
     env["RAY_AUTH_MODE"] = "token"
+    env[RUN_MARKER] = marker
     command = [sys.executable, str(ROOT / "tests" / "distributed" / "ddp_run.py"), "--out", str(out)]
     command += ["--mode", mode, "--max-steps", str(max_steps), "--parallel", parallel]
     command += (["--ckpt", str(ckpt)] if ckpt else []) + list(extra)
-    done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=400)
+    return subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=400)
+
+
+def run_two_ranks(
+    out: Path, mode: str, max_steps: int, ckpt: Path | None = None, parallel: str = "ddp", *extra: str
+) -> list[dict]:
+    done = launch(out, mode, max_steps, ckpt, parallel, *extra)
     assert done.returncode == 0, done.stderr[-4000:]
     ranks = [json.loads((out / f"rank{r}.json").read_text()) for r in (0, 1)]
     for r in (0, 1):
@@ -93,3 +109,59 @@ def test_two_async_ranks_keep_the_bound_and_resume_losing_and_repeating_no_promp
     trained = prompts(first) + prompts(second)
     assert len(trained) == len(set(trained)), "a prompt was trained twice across ranks or across the resume"
     assert first[0]["checksum"] == first[1]["checksum"] and second[0]["checksum"] == second[1]["checksum"]
+
+
+def test_a_killed_worker_of_rank_1_under_fsdp_gets_the_kept_push_and_the_run_finishes(tmp_path):
+    # the replacement is fed by rank 1 alone: re-sending the object store's last push needs no gather
+    # (gathering the shards there would wait for rank 0, which never enters that collective)
+    kill = ["--kill-worker-rank", "1", "--kill-at-step", "2", "--timeout-s", "60"]
+    ranks = run_two_ranks(tmp_path, "async", 4, None, "fsdp", "--weight-sync", "object_store", *kill)
+    check_sharding(ranks, "fsdp")
+    restarts = [[step["worker_restarts"] for step in rank["steps"]] for rank in ranks]
+    assert set(restarts[0]) == {0.0} and restarts[1][0] == 0.0 and restarts[1][-1] == 1.0, restarts
+    for rank in ranks:
+        assert len(rank["steps"]) == 4, "a step was not trained"
+        staleness = [s["version"] - v for s in rank["steps"] for v in s["row_versions"]]
+        assert 0 <= min(staleness) and max(staleness) <= 1
+        assert rank["workers_equal"], "a rank's workers differ from its trainer at the end"
+    assert ranks[0]["checksum"] == ranks[1]["checksum"]
+
+
+def marked_processes(marker: str) -> list[psutil.Process]:
+    """Live processes whose environment carries ``RUN_MARKER=marker``."""
+    found = []
+    for process in psutil.process_iter():
+        try:
+            if process.environ().get(RUN_MARKER) == marker and process.status() != psutil.STATUS_ZOMBIE:
+                found.append(process)
+        except psutil.Error:  # gone, or another user's
+            pass
+    return found
+
+
+def test_an_exception_on_rank_1_ends_the_run_on_every_rank_within_the_deadline(tmp_path):
+    marker = f"ddp-raise-{uuid.uuid4().hex}"
+    probe = subprocess.Popen(["sleep", "60"], env={**os.environ, RUN_MARKER: marker})
+    try:  # the check below can see a process of ours by its marker
+        assert [p.pid for p in marked_processes(marker)] == [probe.pid]
+    finally:
+        probe.kill()
+        probe.wait()
+    timeout_s = 60  # the process group's: the deadline of any collective a rank waits in
+    fault = ["--raise-rank", "1", "--raise-at-step", "2", "--timeout-s", str(timeout_s)]
+    done = launch(tmp_path, "sync", 6, None, "ddp", *fault, marker=marker)
+    ended = time.time()
+    assert done.returncode != 0
+    assert "RuntimeError: injected failure on rank 1 at step 2" in done.stderr, done.stderr[-4000:]
+    assert ended - float((tmp_path / "raised_at").read_text()) < timeout_s + 30, (
+        "a rank outlived the deadline"
+    )
+    # the failing rank saved nothing and said so; the periodic last.ckpt (after step 1) stands
+    assert "rank 1: no checkpoint saved after RuntimeError" in done.stderr
+    assert "resume with --ckpt_path last" not in done.stderr
+    assert torch.load(tmp_path / "ckpt" / "last.ckpt", weights_only=True)["global_step"] == 2
+    # nothing of the run is left: ranks, Ray's head (gcs_server, raylet, agents), workers, watchdog
+    deadline = time.monotonic() + 20
+    while (left := marked_processes(marker)) and time.monotonic() < deadline:
+        time.sleep(1)
+    assert not left, [(p.pid, p.name()) for p in left]

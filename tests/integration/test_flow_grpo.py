@@ -14,7 +14,7 @@ import torch
 from lightning.pytorch import seed_everything
 
 from tests.builders import StepRecorder, count_pushes, make_trainer
-from tests.fakes import FakePending
+from tests.fakes import FakeGenerationHandle
 from tests.integration.parse_only import ParseOnlyCLI, init_args
 from unirl_lightning.callbacks import (
     RolloutEvalCallback,
@@ -113,7 +113,7 @@ def test_full_weight_sync_leaves_worker_weights_equal_to_the_trainers(on_policy_
     strategy = trainer.strategy
     strategy.sync_weights()  # the eval test above perturbed the trainer's weights: push them
     trainer_weights = effective_weights(module.policy)
-    (worker_weights,) = strategy.workers.call("state_dict")
+    (worker_weights,) = strategy.runtime.workers.call("state_dict")
     assert worker_weights.keys() == trainer_weights.keys()
     assert all(torch.equal(worker_weights[k], v) for k, v in trainer_weights.items())
     assert strategy.last_sync["sync/bytes"] == sum(
@@ -143,10 +143,10 @@ def test_more_than_one_diffusion_request_in_flight_is_refused_saying_why(tmp_pat
     strategy = AsyncRolloutStrategy(max_staleness=1, max_inflight=2)
     trainer = make_trainer(tmp_path, strategy, 1, [])
     with pytest.raises(
-        ValueError, match=r"max_inflight must be <= 1 for FlowGRPOModule, got 2: .*~150 s instead of ~8 s"
+        ValueError, match=r"max_inflight must be <= 1 for a diffusion policy, got 2: .*~150 s instead of ~8 s"
     ):
         trainer.fit(tiny_module(tiny_policy), datamodule=ImagePromptDataModule(batch_size=2))
-    assert strategy.workers is None, "no worker may start for a refused configuration"
+    assert strategy.runtime is None, "no worker may start for a refused configuration"
 
 
 # -- LoRA: adapter-only sync -------------------------------------------------------------------------
@@ -188,15 +188,15 @@ def run_recorded_loop(order: str, max_inflight: int, steps: int = 6, sync_every:
     """Drive a RolloutLoop like the strategy does; jobs finish while a step trains. Returns the event log
     and the launches that happened while a finished result was still unreaped."""
     log: list = []
-    jobs: list[FakePending] = []
+    jobs: list[FakeGenerationHandle] = []
     violations: list[int] = []
 
-    def launch(request: RolloutRequest) -> FakePending:
+    def launch(request: RolloutRequest) -> FakeGenerationHandle:
         if any(job.is_ready and not job.result_calls for job in jobs):
             violations.append(request.gen_id)
         groups = [[FakeRollout(), FakeRollout()] for _ in request.records]
         gen_id = request.gen_id
-        job = FakePending(
+        job = FakeGenerationHandle(
             {"groups": groups, "generate_s": 0.01, "score_s": 0.0},
             on_result=lambda: log.append(("reap", gen_id)),
         )

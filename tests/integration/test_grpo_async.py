@@ -49,7 +49,7 @@ REQUIRED_TAGS = [
 
 def assert_workers_equal_trainer(strategy, module):
     trainer_state = {k: v.detach().cpu() for k, v in module.policy.state_dict().items()}
-    for worker_state in strategy.workers.call("state_dict"):
+    for worker_state in strategy.runtime.workers.call("state_dict"):
         assert worker_state.keys() == trainer_state.keys()
         for name, tensor in trainer_state.items():
             assert torch.equal(worker_state[name], tensor), f"worker weight {name} differs from the trainer's"
@@ -101,7 +101,7 @@ def test_async_staleness_never_exceeds_bound_and_does_occur(async_run):
 
 def test_async_every_gen_id_trained_at_most_once_and_none_lost(async_run):
     trainer, _, recorder, _ = async_run
-    loop = trainer.strategy.loop
+    loop = trainer.strategy.runtime.loop
     trained = [g for s in recorder.steps for g in s["gen_ids"]]
     assert len(trained) == len(set(trained)), "a gen_id was trained twice"
     launched = set(range(loop.controller.next_gen_id))
@@ -117,7 +117,7 @@ def test_eval_neither_pushes_weights_nor_changes_version(async_run):
     strategy = trainer.strategy
     eval_cb = next(c for c in trainer.callbacks if type(c).__name__ == "RolloutEvalCallback")
     version, num_pushes = strategy.weight_version, len(pushes)
-    before = strategy.workers.call("state_dict")
+    before = strategy.runtime.workers.call("state_dict")
     with torch.no_grad():  # make the trainer's weights differ from the workers'
         for p in module.policy.parameters():
             p.add_(1.0)
@@ -125,7 +125,7 @@ def test_eval_neither_pushes_weights_nor_changes_version(async_run):
     assert strategy.weight_version == version
     assert len(pushes) == num_pushes
     assert metrics["eval/weight_version"] == version
-    for old, new in zip(before, strategy.workers.call("state_dict")):
+    for old, new in zip(before, strategy.runtime.workers.call("state_dict")):
         assert all(torch.equal(old[k], new[k]) for k in old)
 
 

@@ -21,7 +21,7 @@ def test_lora_push_is_adapter_only_and_workers_match_the_merged_trainer(tmp_path
         trainer, module, recorder = fit_tiny(tmp_path, max_steps=3, strategy=strategy, module=module)
         assert 0 < strategy.last_sync["sync/bytes"] < 0.25 * full_bytes
         merged = effective_weights(module.policy)
-        (worker,) = strategy.workers.call("state_dict")
+        (worker,) = strategy.runtime.workers.call("state_dict")
         assert worker.keys() == merged.keys()
         changed = [
             k

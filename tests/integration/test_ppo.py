@@ -66,7 +66,7 @@ def test_only_policy_weights_reach_the_workers(on_policy_run):
     trainer, module, _, _ = on_policy_run
     strategy = trainer.strategy
     policy_state = {k: v.detach().cpu() for k, v in module.policy.state_dict().items()}
-    for worker_state in strategy.workers.call("state_dict"):
+    for worker_state in strategy.runtime.workers.call("state_dict"):
         assert worker_state.keys() == policy_state.keys()
         for name, tensor in policy_state.items():
             assert torch.equal(worker_state[name], tensor), f"worker weight {name} differs from the policy's"

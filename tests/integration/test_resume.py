@@ -50,7 +50,7 @@ def run(tmp_path, max_steps, ckpt_path=None):
         shuffle=False,
     )
     trainer.fit(tiny_module(), datamodule=data, ckpt_path=ckpt_path)
-    loop = strategy.loop
+    loop = strategy.runtime.loop
     leftover = {r["prompt"] for records in loop.untrained.values() for r in records}
     strategy.shutdown()
     return recorder, leftover, loop
@@ -71,3 +71,50 @@ def test_kill_and_resume_loses_and_repeats_no_prompt(tmp_path):
     assert max(staleness) <= 1
     # the first run's launched-but-untrained requests were relaunched first, not dropped
     assert loop2.evicted_groups == 0 and loop1.evicted_groups == 0
+
+
+def fit_recording(tmp_path, strategy, data, max_steps, ckpt_path=None):
+    seed_everything(0)
+    recorder = PromptRecorder()
+    trainer = Trainer(
+        strategy=strategy,
+        max_steps=max_steps,
+        callbacks=[
+            WeightSyncCallback(),
+            recorder,
+            ModelCheckpoint(tmp_path / "ckpt", every_n_train_steps=1, save_last=True),
+        ],
+        logger=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        limit_val_batches=0,
+    )
+    trainer.fit(tiny_module(), datamodule=data, ckpt_path=ckpt_path)
+    loop = strategy.runtime.loop
+    strategy.shutdown()
+    return recorder, loop
+
+
+def test_a_resume_in_the_third_pass_of_a_shuffled_dataset_trains_each_prompt_of_each_pass_once(tmp_path):
+    """On-policy (one request per step, trained in order), so step ``s`` trains batch ``s``: 12 unique
+    prompts in 3 batches a pass, killed one batch into the third pass and resumed to its end."""
+
+    def data():
+        return PromptDataModule(
+            train="digit_successor", batch_size=4, num_train_prompts=12, task_kwargs={"prefix_len": 6}
+        )
+
+    def strategy():
+        return AsyncRolloutStrategy(max_staleness=0, max_inflight=1)
+
+    first, _ = fit_recording(tmp_path, strategy(), data(), max_steps=7)
+    ckpt = str(tmp_path / "ckpt" / "last.ckpt")
+    second, loop = fit_recording(tmp_path, strategy(), data(), max_steps=9, ckpt_path=ckpt)
+    steps = [s["prompts"] for s in first.steps + second.steps]
+    assert len(first.steps) == 7 and len(second.steps) == 2 and all(len(s) == 4 for s in steps)
+    passes = [[p for s in steps[k : k + 3] for p in s] for k in (0, 3, 6)]
+    for number, trained in enumerate(passes):
+        assert len(trained) == len(set(trained)) == 12, f"pass {number} trained a prompt twice or missed one"
+        assert set(trained) == set(passes[0])
+    assert steps[6:9] != steps[0:3], "the passes should be shuffled differently"
+    assert loop.stream.position() == {"prompt_batches_used": 9, "prompt_epoch": 2, "epoch_start": 6}

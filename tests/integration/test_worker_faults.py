@@ -31,12 +31,12 @@ class SignalWorker(Callback):
         if batch_idx == self.at_step:
             import ray
 
-            self.pid = ray.get(trainer.strategy.workers.workers[0].run.remote(worker_pid))
+            self.pid = ray.get(trainer.strategy.runtime.workers.workers[0].run.remote(worker_pid))
             os.kill(self.pid, self.signum)
 
 
 def assert_nothing_lost(trainer, recorder):
-    loop = trainer.strategy.loop
+    loop = trainer.strategy.runtime.loop
     trained = [g for s in recorder.steps for g in s["gen_ids"]]
     assert len(trained) == len(set(trained)), "a gen_id was trained twice"
     launched = set(range(loop.controller.next_gen_id))
@@ -49,7 +49,7 @@ def test_a_killed_worker_is_replaced_and_the_run_finishes_with_nothing_lost(tmp_
     try:
         trainer, _, recorder = fit_tiny(tmp_path, max_steps=6, strategy=strategy, extra_callbacks=[killer])
         assert killer.pid is not None and len(recorder.steps) == 6
-        assert strategy.workers.restarts == 1
+        assert strategy.runtime.workers.restarts == 1
         assert_nothing_lost(trainer, recorder)
         staleness = [s["version"] - v for s in recorder.steps for v in s["row_versions"]]
         assert max(staleness) <= 1
@@ -64,7 +64,7 @@ def test_a_hung_worker_is_replaced_after_its_deadline(tmp_path):
     stopper = SignalWorker(signal.SIGSTOP, at_step=2)
     try:
         trainer, _, recorder = fit_tiny(tmp_path, max_steps=5, strategy=strategy, extra_callbacks=[stopper])
-        assert len(recorder.steps) == 5 and strategy.workers.restarts == 1
+        assert len(recorder.steps) == 5 and strategy.runtime.workers.restarts == 1
         assert_nothing_lost(trainer, recorder)
     finally:
         if stopper.pid is not None:  # the replaced worker was killed; make sure of it

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from unirl_lightning.rollout.agentic import AgenticRolloutController, PendingGroups, root_of
+from unirl_lightning.rollout.agentic import AgenticRolloutController, SiblingAssembler, root_of
 from unirl_lightning.rollout.controller import StampedGroup
 
 
@@ -87,11 +87,11 @@ def test_root_of_rejects_ids_without_a_root_naming_the_value(sample_id, message)
         root_of(sample_id)
 
 
-# --- PendingGroups ---------------------------------------------------------------------------------
+# --- SiblingAssembler ---------------------------------------------------------------------------------
 
 
 def test_pending_groups_emits_a_group_only_once_all_n_siblings_arrived():
-    pending = PendingGroups(group_size=3)
+    pending = SiblingAssembler(group_size=3)
     assert pending.add([Sample("a/0"), Sample("a/1")]) == []
     assert pending.arrived("a") == 2
     (group,) = pending.add([Sample("a/2")])
@@ -100,13 +100,13 @@ def test_pending_groups_emits_a_group_only_once_all_n_siblings_arrived():
 
 
 def test_pending_groups_keeps_arrival_order_within_a_group_and_completion_order_across_groups():
-    pending = PendingGroups(group_size=2)
+    pending = SiblingAssembler(group_size=2)
     completed = pending.add([Sample("a/1"), Sample("b/0"), Sample("b/1"), Sample("a/0")])
     assert [ids_of(group) for group in completed] == [["b/0", "b/1"], ["a/1", "a/0"]]
 
 
 def test_pending_groups_rejects_a_duplicate_sibling_and_adds_nothing_from_that_batch():
-    pending = PendingGroups(group_size=3)
+    pending = SiblingAssembler(group_size=3)
     pending.add([Sample("a/0")])
     with pytest.raises(ValueError, match="sample_id 'a/0' arrived twice for group 'a'"):
         pending.add([Sample("b/0"), Sample("a/0")])
@@ -117,7 +117,7 @@ def test_pending_groups_rejects_a_duplicate_sibling_and_adds_nothing_from_that_b
 
 
 def test_pending_groups_discard_forgets_incomplete_groups_and_counts_their_samples():
-    pending = PendingGroups(group_size=3)
+    pending = SiblingAssembler(group_size=3)
     pending.add([Sample("a/0"), Sample("a/1"), Sample("b/0")])
     assert pending.discard(["a", "missing"]) == 2
     assert pending.tail_roots() == ["b"]
@@ -126,7 +126,7 @@ def test_pending_groups_discard_forgets_incomplete_groups_and_counts_their_sampl
 @pytest.mark.parametrize("group_size", [0, -2])
 def test_pending_groups_rejects_group_size_below_1(group_size):
     with pytest.raises(ValueError, match=f"group_size must be >= 1, got {group_size}"):
-        PendingGroups(group_size)
+        SiblingAssembler(group_size)
 
 
 # --- stamps and gen_ids ----------------------------------------------------------------------------

@@ -182,3 +182,139 @@ def test_a_step_where_no_group_completes_within_the_stall_timeout_raises():
     loop.stall_timeout_s = 0.05
     with pytest.raises(TimeoutError, match="no agentic group completed for .* seems to hang"):
         loop.next_batch()
+
+
+# --- the other clock: the oldest turn (max_turn_staleness) ----------------------------------------
+
+
+class TurnCoordinator:
+    """Every live episode plays one turn per poll under ``version`` (the weights the test pushed); an
+    episode of a record with ``"turns": t`` finishes after ``t`` turns. ``abort`` suspends the live
+    episodes with their turn versions; a ``submit`` resumes those it names."""
+
+    def __init__(self) -> None:
+        self.version = 0
+        self.live: dict[str, tuple] = {}
+        self._suspended: dict[str, tuple] = {}
+
+    def submit(self, requests):
+        self.live = {r.sample_id: self._suspended.get(r.sample_id) or (r, []) for r in requests}
+        self._suspended = {}
+
+    def poll(self):
+        done = []
+        for sample_id, (request, versions) in list(self.live.items()):
+            versions.append(self.version)
+            if len(versions) >= request.record["turns"]:
+                del self.live[sample_id]
+                turns = len(versions)
+                sample = AgenticRollout([1], [5] * turns, [-1.0] * turns, 1.0, "stop", loss_mask=[1] * turns)
+                sample.sample_id, sample.num_turns, sample.turn_versions = sample_id, len(versions), versions
+                done.append(sample)
+        return done
+
+    def finalize_if_drained(self):
+        return not self.live
+
+    def abort(self):
+        self._suspended, self.live = dict(self.live), {}
+        return []
+
+    def suspended(self):
+        return list(self._suspended)
+
+
+def run_turn_loop(max_turn_staleness, steps=16, pattern=(1, 3, 1, 6)):
+    """``steps`` steps with a sync after each (carry): short groups train at once, the 3- and 6-turn
+    ones are interrupted by every sync and resumed under the new weights."""
+    prompts = [
+        [{"prompt": f"{b}-{i}", "turns": pattern[b % len(pattern)]} for i in range(2)] for b in range(40)
+    ]
+    coordinator = TurnCoordinator()
+    controller = AgenticRolloutController(coordinator, group_size=2, tail_policy="carry")
+    loop = AgenticRolloutLoop(
+        prompts,
+        controller,
+        coordinator,
+        collate=lambda groups: SimpleNamespace(groups=groups, stats={}),
+        num_generations=2,
+        max_staleness=1,
+        max_inflight=2,
+        max_turn_staleness=max_turn_staleness,
+        poll_interval_s=0.0,
+    )
+    batches_ = []
+    for _ in range(steps):
+        batch = loop.next_batch()
+        batch.version = controller.weight_version
+        batches_.append(batch)
+        controller.quiesce()
+        controller.sync_weights(lambda version: setattr(coordinator, "version", version))
+    return loop, batches_
+
+
+def test_max_turn_staleness_evicts_groups_with_a_turn_older_than_the_bound_and_counts_them():
+    loop, batches_ = run_turn_loop(max_turn_staleness=2)
+    for batch in batches_:
+        staleness = [batch.version - min(s.turn_versions) for group in batch.groups for s in group]
+        assert max(staleness) <= 2, "a trained episode had a turn older than max_turn_staleness"
+        assert batch.stats["agentic/turn_staleness_max"] == max(staleness)
+        assert batch.stats["agentic/turn_staleness_mean"] == pytest.approx(sum(staleness) / len(staleness))
+    trained = [s for batch in batches_ for group in batch.groups for s in group]
+    assert any(len(set(s.turn_versions)) > 1 for s in trained), (
+        "carried episodes within the bound still train"
+    )
+    assert loop.turn_evicted_groups > 0 and len(loop.turn_evicted_roots) == loop.turn_evicted_groups
+    assert batches_[-1].stats["agentic/turn_evicted_groups"] == loop.turn_evicted_groups
+    assert set(loop.turn_evicted_roots) <= set(loop.evicted_roots)
+    assert not set(loop.turn_evicted_roots) & set(loop.trained_roots)
+    submitted = {f"g{i}" for i in range(loop.next_root)}
+    outcomes = [set(loop.trained_roots), set(loop.evicted_roots), set(loop.dropped_roots), set(loop.pending)]
+    assert set().union(*outcomes) == submitted and sum(map(len, outcomes)) == len(submitted)
+    assert all(len(batch.groups) == 2 for batch in batches_), "evictions must not shrink a batch"
+    assert loop.loop_state()["turn_evicted_groups"] == loop.turn_evicted_groups
+
+
+def test_without_max_turn_staleness_nothing_changes_and_the_turn_staleness_is_still_logged():
+    loop, batches_ = run_turn_loop(max_turn_staleness=None)
+    loose, loose_batches = run_turn_loop(max_turn_staleness=100)
+    assert list(loop.trained_roots) == list(loose.trained_roots)
+
+    def counts(batch):  # every figure but the timings
+        return {key: value for key, value in batch.stats.items() if not key.startswith("perf/")}
+
+    assert [counts(b) for b in batches_] == [counts(b) for b in loose_batches]
+    assert loop.turn_evicted_groups == 0 and not loop.turn_evicted_roots
+    assert max(b.stats["agentic/turn_staleness_max"] for b in batches_) > 2  # what the bound would have cut
+    assert all(b.stats["agentic/turn_evicted_groups"] == 0 for b in batches_)
+
+
+# --- the settings on the module's rollout spec ----------------------------------------------------
+
+
+def test_the_agentic_module_carries_the_new_settings_on_its_rollout_spec_and_checks_them():
+    from unirl_lightning.envs.coordinator import EpisodeSettings
+    from unirl_lightning.models import TinyCausalLM
+    from unirl_lightning.modules import AgenticGRPOModule
+
+    env = "unirl_lightning.envs:GuessingGameEnv"
+    policy = TinyCausalLM(hidden_size=8, num_layers=1, num_heads=1, intermediate_size=8)
+    default = AgenticGRPOModule(env=env, policy=policy).rollout_spec().agentic
+    assert (default.max_turn_staleness, default.truncated_turn, default.max_context_tokens) == (
+        None,
+        "close",
+        None,
+    )
+    module = AgenticGRPOModule(
+        env=env, policy=policy, max_turn_staleness=0, truncated_turn="end", max_context_tokens=256
+    )
+    spec = module.rollout_spec().agentic
+    assert (spec.max_turn_staleness, spec.truncated_turn, spec.max_context_tokens) == (0, "end", 256)
+    assert spec.episode_settings() == EpisodeSettings("raise", "end", 256)
+    for key, value, message in [
+        ("max_turn_staleness", -1, "max_turn_staleness must be >= 0, got -1"),
+        ("truncated_turn", "trim", r"truncated_turn must be one of \('close', 'end'\), got 'trim'"),
+        ("max_context_tokens", 0, "max_context_tokens must be >= 1, got 0"),
+    ]:
+        with pytest.raises(ValueError, match=message):
+            AgenticGRPOModule(env=env, policy=policy, **{key: value})

@@ -77,3 +77,24 @@ def test_modules_never_import_serving_engines():
 def test_the_strategy_never_imports_callbacks_or_modules():
     deps = import_graph()["unirl_lightning.strategy"]
     assert not [d for d in deps if d.startswith(("unirl_lightning.callbacks", "unirl_lightning.modules"))]
+
+
+def test_the_strategy_imports_no_agentic_module_and_branches_on_no_family():
+    """The strategy is Lightning's hooks, the Ray connection and the sync verb; each family's rollout
+    side is its runtime (``unirl_lightning.runtime``), picked by ``runtime_for``."""
+    deps = import_graph()["unirl_lightning.strategy"]
+    assert not [d for d in deps if "agentic" in d]
+    source = (PACKAGE / "strategy.py").read_text()
+    assert "agentic" not in source and "episodes" not in source
+    read = {node.attr for node in ast.walk(ast.parse(source)) if isinstance(node, ast.Attribute)}
+    assert not read & {"family", "agentic", "order"}, "the strategy reads a family's fields"
+
+
+def test_the_generic_worker_knows_no_episodes():
+    from unirl_lightning.workers.actor import RolloutWorker
+    from unirl_lightning.workers.agentic_actor import AgenticRolloutWorker
+
+    generic = {name for name in dir(RolloutWorker) if not name.startswith("__")}
+    assert not [name for name in generic if "agentic" in name or "episode" in name]
+    assert {"agentic_submit", "agentic_abort", "agentic_evaluate"} <= set(dir(AgenticRolloutWorker))
+    assert "episodes" not in import_graph()["unirl_lightning.workers.actor"]

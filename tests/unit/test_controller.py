@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from tests.fakes import FakePending
+from tests.fakes import FakeGenerationHandle
 from unirl_lightning.rollout.controller import (
     BatchRolloutController,
     InflightPool,
@@ -22,10 +22,10 @@ class FakeLauncher:
 
     def __init__(self, ready: bool = False) -> None:
         self.ready = ready
-        self.pendings: list[FakePending] = []
+        self.pendings: list[FakeGenerationHandle] = []
 
-    def __call__(self, request: Any) -> FakePending:
-        pending = FakePending(request, ready=self.ready)
+    def __call__(self, request: Any) -> FakeGenerationHandle:
+        pending = FakeGenerationHandle(request, ready=self.ready)
         self.pendings.append(pending)
         return pending
 
@@ -548,6 +548,6 @@ def test_versioned_buffer_evict_older_than_moves_whole_versions_oldest_first():
 
 def test_inflight_pool_rejects_a_gen_id_already_in_flight():
     pool = InflightPool()
-    pool.add(1, 0, FakePending("a"))
+    pool.add(1, 0, FakeGenerationHandle("a"))
     with pytest.raises(ValueError, match="gen_id 1 is already in flight"):
-        pool.add(1, 0, FakePending("b"))
+        pool.add(1, 0, FakeGenerationHandle("b"))

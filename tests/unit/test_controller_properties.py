@@ -17,7 +17,7 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
-from tests.fakes import FakePending
+from tests.fakes import FakeGenerationHandle
 from unirl_lightning.rollout.controller import BatchRolloutController, StampedGroup
 
 
@@ -28,7 +28,7 @@ class InjectedFailure(Exception):
 class ControllerMachine(RuleBasedStateMachine):
     @initialize(start_gen_id=st.integers(0, 5), start_weight_version=st.integers(0, 3))
     def start(self, start_gen_id: int, start_weight_version: int) -> None:
-        self.pendings: dict[int, FakePending] = {}
+        self.pendings: dict[int, FakeGenerationHandle] = {}
         self.launch_version: dict[int, int] = {}
         self.fail_complete_once: set[int] = set()
         self.successful_completions: dict[int, int] = {}
@@ -44,8 +44,8 @@ class ControllerMachine(RuleBasedStateMachine):
             start_weight_version=start_weight_version,
         )
 
-    def launch(self, groups_per_job: int) -> FakePending:
-        pending = FakePending(groups_per_job)
+    def launch(self, groups_per_job: int) -> FakeGenerationHandle:
+        pending = FakeGenerationHandle(groups_per_job)
         self.pendings[self.controller.next_gen_id] = pending  # the gen_id submit is about to hand out
         return pending
 

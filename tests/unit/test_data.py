@@ -253,16 +253,23 @@ def test_a_split_side_with_no_prompt_names_the_task_and_the_ways_out(monkeypatch
 # ---------------------------------------------------------------- files
 
 
+@pytest.fixture(autouse=True)
+def _datasets_cache_in_tmp(tmp_path, monkeypatch):
+    """Keep the ``datasets`` Arrow cache of these tests out of the user's cache folder."""
+    datasets = pytest.importorskip("datasets")
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", tmp_path / "hf_cache")
+
+
 def test_jsonl_records_are_normalised_to_prompt_answer_and_keep_other_keys(tmp_path):
     path = write_jsonl(
         tmp_path / "qa.jsonl",
-        [{"question": "1+1=", "solution": "2", "level": 1}, {"question": "2+2=", "solution": 4}],
+        [{"question": "1+1=", "solution": "2", "level": 1}, {"question": "2+2=", "solution": "4"}],
         raw_lines=[""],
     )
     records = load_records(path, prompt_key="question", answer_key="solution")
     assert records == [
         {"question": "1+1=", "solution": "2", "level": 1, "prompt": "1+1=", "answer": "2"},
-        {"question": "2+2=", "solution": 4, "prompt": "2+2=", "answer": 4},
+        {"question": "2+2=", "solution": "4", "level": None, "prompt": "2+2=", "answer": "4"},
     ]
 
 
@@ -277,19 +284,28 @@ def test_parquet_records_are_read_and_normalised(tmp_path):
     ]
 
 
-def test_record_missing_prompt_key_names_key_line_and_file(tmp_path):
-    path = write_jsonl(
-        tmp_path / "bad.jsonl", [{"prompt": "a", "answer": "1"}] * 2 + [{"text": "b", "answer": "2"}]
-    )
+def test_dataset_missing_prompt_column_names_key_columns_and_file(tmp_path):
+    path = write_jsonl(tmp_path / "bad.jsonl", [{"text": "b", "answer": "2"}] * 2)
     with pytest.raises(
-        ValueError, match=rf"{re.escape(str(path))}, line 3: record has no prompt key 'prompt'"
+        ValueError,
+        match=rf"{re.escape(str(path))}: the dataset has no prompt column 'prompt' \(columns: \['answer', 'text'\]\)",
     ):
         load_records(path)
 
 
-def test_record_missing_answer_key_is_an_error_unless_answer_key_is_none(tmp_path):
+def test_record_missing_prompt_in_one_row_names_the_row_and_file(tmp_path):
+    path = write_jsonl(
+        tmp_path / "bad.jsonl", [{"prompt": "a", "answer": "1"}] * 2 + [{"text": "b", "answer": "2"}]
+    )
+    with pytest.raises(
+        ValueError, match=rf"{re.escape(str(path))}, row 3: prompt key 'prompt' holds NoneType None"
+    ):
+        load_records(path)
+
+
+def test_dataset_missing_answer_column_is_an_error_unless_answer_key_is_none(tmp_path):
     path = write_jsonl(tmp_path / "open.jsonl", [{"prompt": "write a poem"}])
-    with pytest.raises(ValueError, match=r"line 1: record has no answer key 'answer'"):
+    with pytest.raises(ValueError, match=r"no answer column 'answer'.*answer_key=None"):
         load_records(path)
     assert load_records(path, answer_key=None) == [{"prompt": "write a poem"}]
 
@@ -307,27 +323,25 @@ def test_chat_message_records_keep_messages_and_prompt_is_the_last_user_turn(tmp
     ]
 
 
-def test_malformed_chat_messages_name_the_message_and_line(tmp_path):
+def test_malformed_chat_messages_name_the_message_and_row(tmp_path):
     no_user = write_jsonl(
         tmp_path / "no_user.jsonl", [{"messages": [{"role": "system", "content": "x"}], "answer": "1"}]
     )
-    with pytest.raises(ValueError, match=r"line 1: chat messages under 'messages' have no 'user' turn"):
+    with pytest.raises(ValueError, match=r"row 1: chat messages under 'messages' have no 'user' turn"):
         load_records(no_user, prompt_key="messages")
     bad = write_jsonl(tmp_path / "bad.jsonl", [{"messages": [{"role": "user"}], "answer": "1"}])
     with pytest.raises(
-        ValueError, match=r"line 1: message 0 under 'messages' is \{'role': 'user'\}; expected"
+        ValueError, match=r"row 1: message 0 under 'messages' is \{'role': 'user'\}; expected"
     ):
         load_records(bad, prompt_key="messages")
 
 
-def test_invalid_json_and_non_string_prompt_name_the_line(tmp_path):
+def test_invalid_json_names_the_file_and_non_string_prompt_names_the_row(tmp_path):
     broken = write_jsonl(tmp_path / "broken.jsonl", [{"prompt": "a", "answer": "1"}], raw_lines=["{not json"])
-    with pytest.raises(ValueError, match=r"broken.jsonl, line 2: invalid JSON"):
+    with pytest.raises(ValueError, match=r"broken.jsonl' could not be read as json"):
         load_records(broken)
     numeric = write_jsonl(tmp_path / "numeric.jsonl", [{"prompt": 5, "answer": "1"}])
-    with pytest.raises(
-        ValueError, match=r"line 1: prompt key 'prompt' holds int 5; expected a str or a list"
-    ):
+    with pytest.raises(ValueError, match=r"row 1: prompt key 'prompt' holds int 5; expected a str or a list"):
         load_records(numeric)
 
 
@@ -338,10 +352,10 @@ def test_missing_file_names_path_and_builtin_tasks(tmp_path):
 
 
 def test_unsupported_suffix_and_empty_file_are_rejected(tmp_path):
-    csv = tmp_path / "data.csv"
-    csv.write_text("prompt,answer\n")
-    with pytest.raises(ValueError, match=r"suffix '.csv'; supported: \['.jsonl', '.parquet'\]"):
-        load_records(csv)
+    odd = tmp_path / "data.xlsx"
+    odd.write_text("prompt,answer\n")
+    with pytest.raises(ValueError, match=r"suffix '.xlsx'; supported: \['.jsonl', '.json', '.csv'"):
+        load_records(odd)
     empty = tmp_path / "empty.jsonl"
     empty.write_text("\n")
     with pytest.raises(ValueError, match=r"contains no records"):
@@ -464,12 +478,82 @@ def test_fewer_train_records_than_batch_size_is_rejected():
         data.setup("fit")
 
 
-def test_task_kwargs_with_only_files_is_rejected(tmp_path):
-    with pytest.raises(ValueError, match=r"task_kwargs=\{'prefix_len': 1\} only apply to built-in tasks"):
-        PromptDataModule(str(tmp_path / "train.jsonl"), task_kwargs={"prefix_len": 1})
+def test_task_kwargs_with_only_files_are_ignored_with_one_warning_naming_them(tmp_path, caplog):
+    train = write_jsonl(tmp_path / "train.jsonl", [{"prompt": "1=", "answer": "2"}] * 4)
+    with caplog.at_level("WARNING", logger="unirl_lightning.data.datamodule"):
+        data = PromptDataModule(str(train), batch_size=2, task_kwargs={"prefix_len": 1})
+    warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert len(warnings) == 1 and "['prefix_len'] are ignored" in warnings[0]
+    assert data.task_kwargs == {} and len(data.train_records()) == 4
 
 
 def test_missing_train_file_error_surfaces_from_datamodule(tmp_path):
     data = PromptDataModule(str(tmp_path / "missing.jsonl"))
     with pytest.raises(FileNotFoundError, match=r"missing.jsonl.*digit_successor"):
         data.setup("fit")
+
+
+# -- the order of each pass, and an exact resume in any pass -------------------------------------------
+def numbered(count):
+    return [{"prompt": f"p{i}", "answer": str(i)} for i in range(count)]
+
+
+def test_a_pass_on_one_rank_is_ordered_as_a_one_replica_distributed_sampler():
+    from torch.utils.data import DistributedSampler
+
+    from unirl_lightning.data.datamodule import PassSampler
+
+    sampler, reference = (
+        PassSampler(10, shuffle=True, seed=3),
+        DistributedSampler(range(10), num_replicas=1, rank=0, shuffle=True, seed=3, drop_last=True),
+    )
+    orders = []
+    for epoch in range(3):
+        reference.set_epoch(epoch)
+        orders.append(list(sampler))  # a full pass moves on to the next one by itself
+        assert orders[-1] == list(reference) == sampler.order(epoch)
+    assert len({tuple(order) for order in orders}) == 3 and all(sorted(o) == list(range(10)) for o in orders)
+    sampler.set_epoch(1)  # re-positioned: pass 1 again, whatever came before
+    assert list(sampler) == orders[1]
+    assert list(PassSampler(4, shuffle=False, seed=3)) == [0, 1, 2, 3]
+
+
+@pytest.mark.parametrize(("num_records", "batch_size"), [(12, 3), (10, 3)])
+def test_a_stream_resumed_in_its_third_pass_yields_exactly_the_records_not_yet_yielded(
+    num_records, batch_size
+):
+    from unirl_lightning.data.datamodule import train_loader
+    from unirl_lightning.rollout.loop import PromptStream
+
+    def loader():
+        return train_loader(numbered(num_records), batch_size, shuffle=True, seed=7)
+
+    def prompts(batch):
+        return [record["prompt"] for record in batch]
+
+    per_pass = num_records // batch_size
+    stream = PromptStream(loader())
+    passes = [[prompts(stream.next_records()) for _ in range(per_pass)] for _ in range(2)]
+    done = [prompts(stream.next_records()) for _ in range(2)]  # two batches into the third pass
+    position = stream.position()
+    assert position == {
+        "prompt_batches_used": 2 * per_pass + 2,
+        "prompt_epoch": 2,
+        "epoch_start": 2 * per_pass,
+    }
+    rest = [prompts(stream.next_records()) for _ in range(per_pass - 2)]
+    fourth = [prompts(stream.next_records()) for _ in range(per_pass)]
+
+    resumed = PromptStream(loader())  # a fresh process: a new dataloader, its sampler at pass 0
+    resumed.restore(position, replay=[])
+    assert [prompts(resumed.next_records()) for _ in range(per_pass - 2)] == rest
+    assert [prompts(resumed.next_records()) for _ in range(per_pass)] == fourth
+    assert resumed.position() == stream.position()
+
+    third = done + rest
+    for batches in [*passes, third, fourth]:
+        flat = [p for batch in batches for p in batch]
+        assert len(flat) == len(set(flat)) == per_pass * batch_size  # each prompt of a pass at most once
+        if num_records % batch_size == 0:
+            assert sorted(flat) == sorted(prompts(numbered(num_records)))  # ... and exactly once
+    assert len({tuple(map(tuple, batches)) for batches in [*passes, third, fourth]}) == 4  # reshuffled

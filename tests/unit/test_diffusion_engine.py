@@ -18,7 +18,7 @@ from unirl_lightning.modules import FlowGRPOModule
 from unirl_lightning.rewards import RewardError
 from unirl_lightning.rewards.image import CallableImageReward, TargetColorReward
 from unirl_lightning.rollout.types import DiffusionBatch, DiffusionSampling, RolloutRequest
-from unirl_lightning.workers.group import RolloutWorker
+from unirl_lightning.workers.actor import RolloutWorker
 
 RANDOM_TINY = TinyFlowModel(pretrain_steps=0)  # random init: these tests pin mechanics, not image quality
 

@@ -7,9 +7,9 @@ import functools
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tests.fakes import FakePending
+from tests.fakes import FakeGenerationHandle
 from unirl_lightning.rollout.controller import BatchRolloutController
-from unirl_lightning.rollout.loop import PendingBatch, RolloutLoop
+from unirl_lightning.rollout.loop import DeferredBatch, RolloutLoop
 from unirl_lightning.rollout.types import ExperienceBatch, Rollout, RolloutRequest, SamplingParams
 
 
@@ -28,7 +28,7 @@ def fake_generate(request):
         ]
         for r in request.records
     ]
-    return FakePending({"groups": groups, "generate_s": 0.01, "score_s": 0.0}, ready=True)
+    return FakeGenerationHandle({"groups": groups, "generate_s": 0.01, "score_s": 0.0}, ready=True)
 
 
 def build_request(records, gen_id):
@@ -73,7 +73,7 @@ def batches(n, size=2):
 def test_iteration_yields_placeholders_and_the_step_runs_on_resolve():
     loop, ctl = make_loop(batches(3))
     pending = next(iter(loop))
-    assert isinstance(pending, PendingBatch)
+    assert isinstance(pending, DeferredBatch)
     assert ctl.next_gen_id == 0, "nothing may launch before the batch is resolved"
     batch = pending.resolve()
     assert batch.gen_ids.tolist() == [0, 0, 0, 0] and loop.steps == 1
@@ -141,7 +141,7 @@ def test_state_dict_replays_launched_but_untrained_prompts_first():
 def test_a_resumed_loop_keeps_as_many_requests_in_flight_as_before_the_restart():
     # slow jobs (ready after one poll) so that requests stay in flight across steps
     def slow_generate(request):
-        return FakePending(fake_generate(request).value, delay=1)
+        return FakeGenerationHandle(fake_generate(request).value, delay=1)
 
     loop, ctl = make_loop(batches(20), max_staleness=1, max_inflight=2, generate=slow_generate)
     for _ in range(3):
@@ -176,7 +176,7 @@ def test_any_cadence_trains_within_the_budget_and_never_starves(
     max_staleness, max_inflight, sync_interval, delays
 ):
     def slow_generate(request):
-        return FakePending(fake_generate(request).value, delay=delays[request.gen_id % len(delays)])
+        return FakeGenerationHandle(fake_generate(request).value, delay=delays[request.gen_id % len(delays)])
 
     loop, ctl = make_loop(batches(4) * 10, max_staleness, max_inflight, sync_interval, generate=slow_generate)
     trained = []

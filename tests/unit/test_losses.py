@@ -1,10 +1,20 @@
 """Pins unirl_lightning.algorithms.losses against hand-computed numbers."""
 
+import math
+
 import pytest
 import torch
 
 from unirl_lightning.algorithms.kl import kl_penalty
-from unirl_lightning.algorithms.losses import aggregate_loss, gspo_loss, masked_mean, ppo_clip_loss
+from unirl_lightning.algorithms.losses import (
+    aggregate_loss,
+    cispo_loss,
+    dual_clip,
+    gspo_loss,
+    masked_mean,
+    ppo_clip_loss,
+    safe_log_ratio,
+)
 
 # one sequence of four tokens whose ratios pi/pi_old are 1.5, 0.5, 1.0, 1.1
 RATIOS = torch.tensor([[1.5, 0.5, 1.0, 1.1]])
@@ -257,3 +267,136 @@ def test_gspo_requires_one_advantage_per_sequence():
 def test_gspo_approx_kl_is_the_token_level_k3():
     _, metrics = gspo_loss(LOGP, OLD_LOGP, torch.tensor([1.0]), MASK)
     assert torch.allclose(metrics["approx_kl"], torch.tensor(0.0730930))
+
+
+# -- safe ratios and dual-clip ------------------------------------------------------------------
+def test_log_ratio_is_clamped_to_plus_minus_20_before_exp():
+    logp = torch.tensor([[100.0, -100.0, 0.5, 7.0]])
+    log_ratio = safe_log_ratio(logp, torch.zeros(1, 4), torch.tensor([[1, 1, 1, 0]]))
+    assert torch.equal(log_ratio, torch.tensor([[20.0, -20.0, 0.5, 0.0]]))  # masked: 0
+
+
+def test_a_very_stale_token_gives_a_finite_loss_and_no_nan_gradient():
+    # log ratio 100: exp() overflows float32 to inf without the clamp; with it the ratio is e^20
+    logp = torch.tensor([[100.0, 0.0]], requires_grad=True)
+    loss, metrics = ppo_clip_loss(logp, torch.zeros(1, 2), torch.tensor([-1.0]), torch.ones(1, 2))
+    # A = -1: max(r, clamp(r, 0.8, 1.2)) = [e^20, 1] -> mean
+    assert torch.isfinite(loss) and torch.allclose(loss, torch.tensor((math.exp(20) + 1) / 2))
+    assert torch.isfinite(metrics["ratio_mean"]) and torch.isfinite(metrics["approx_kl"])
+    loss.backward()
+    assert torch.equal(logp.grad, torch.tensor([[0.0, 0.5]]))  # the clamped token: 0, not nan
+
+
+# ratios 5.0, 1.5, 0.5, 2.5 against the behaviour policy
+DUAL_RATIOS = torch.tensor([[5.0, 1.5, 0.5, 2.5]])
+DUAL_LOGP = OLD_LOGP + DUAL_RATIOS.log()
+
+
+def test_dual_clip_caps_the_loss_of_negative_advantage_tokens_at_minus_a_times_c():
+    logp = DUAL_LOGP.clone().requires_grad_(True)
+    loss, metrics = ppo_clip_loss(logp, OLD_LOGP, torch.tensor([-1.0]), MASK, clip_ratio_c=3.0)
+    # A = -1: pg_loss1 = r = [5, 1.5, 0.5, 2.5]; pg_loss2 = clamp(r, 0.8, 1.2) = [1.2, 1.2, 0.8, 1.2]
+    # max = [5, 1.5, 0.8, 2.5]; dual-clip min(., -A * 3 = 3) = [3, 1.5, 0.8, 2.5] -> 7.8 / 4
+    assert torch.allclose(loss, torch.tensor(1.95))
+    assert metrics["clip_fraction"] == 0.25  # token 2 (pg_loss2 > pg_loss1)
+    assert metrics["dual_clip_fraction"] == 0.25  # token 0
+    loss.backward()
+    # d(-A r)/d logp = r / 4 where neither clip holds; 0 on the capped and the clipped token
+    assert torch.allclose(logp.grad, torch.tensor([[0.0, 1.5 / 4, 0.0, 2.5 / 4]]))
+
+
+def test_dual_clip_leaves_positive_advantages_and_ratios_below_c_alone():
+    for advantage in (1.0, -1.0):
+        ratios_below_c = (LOGP, OLD_LOGP, torch.tensor([advantage]), MASK)  # ratios 1.5, 0.5, 1, 1.1
+        assert ppo_clip_loss(*ratios_below_c, clip_ratio_c=3.0)[0] == ppo_clip_loss(*ratios_below_c)[0]
+    with_c, _ = ppo_clip_loss(DUAL_LOGP, OLD_LOGP, torch.tensor([1.0]), MASK, clip_ratio_c=3.0)
+    assert with_c == ppo_clip_loss(DUAL_LOGP, OLD_LOGP, torch.tensor([1.0]), MASK)[0]
+    # per token, as verl: where(A < 0, min(loss, -A c), loss)
+    assert torch.equal(
+        dual_clip(torch.tensor([5.0, 5.0, 1.0]), torch.tensor([-1.0, 1.0, -1.0]), 3.0),
+        torch.tensor([3.0, 5.0, 1.0]),
+    )
+
+
+def test_dual_clip_must_exceed_one_and_is_refused_at_the_sequence_level():
+    with pytest.raises(ValueError, match=r"clip_ratio_c must be > 1 \(or None: no dual clip\), got 1.0"):
+        ppo_clip_loss(LOGP, OLD_LOGP, torch.ones(1), MASK, clip_ratio_c=1.0)
+    with pytest.raises(ValueError, match=r"clip_ratio_c=3.0 with ratio_level='sequence'"):
+        ppo_clip_loss(LOGP, OLD_LOGP, torch.ones(1), MASK, clip_ratio_c=3.0, ratio_level="sequence")
+    with pytest.raises(ValueError, match=r"ratio_level must be one of \('token', 'sequence'\), got 'group'"):
+        ppo_clip_loss(LOGP, OLD_LOGP, torch.ones(1), MASK, ratio_level="group")
+
+
+# -- sequence-level ratio (GSPO) in ppo_clip_loss ------------------------------------------------
+SEQ_OLD = torch.zeros(2, 2)
+SEQ_LOGP = torch.tensor([[0.1, 0.3], [0.05, 9.0]])  # 9.0 is on a masked token
+SEQ_MASK = torch.tensor([[1, 1], [1, 0]])
+
+
+def test_sequence_ratio_is_broadcast_to_tokens_so_token_mean_weighs_sequences_by_length():
+    loss, metrics = ppo_clip_loss(
+        SEQ_LOGP, SEQ_OLD, torch.tensor([1.0, 1.0]), SEQ_MASK, ratio_level="sequence"
+    )
+    # seq ratios exp(0.2) = 1.22140 (clipped to 1.2) and exp(0.05) = 1.05127 -> pg = [-1.2, -1.05127]
+    # token-mean: seq 0 has 2 tokens, seq 1 one -> (2 * -1.2 - 1.05127) / 3
+    assert torch.allclose(loss, torch.tensor(-1.1504237))
+    assert torch.allclose(metrics["ratio_mean"], torch.tensor((1.2214028 + 1.0512711) / 2))  # per sequence
+    assert metrics["clip_fraction"] == 0.5  # one sequence of two
+    seq_mean, _ = ppo_clip_loss(
+        SEQ_LOGP,
+        SEQ_OLD,
+        torch.tensor([1.0, 1.0]),
+        SEQ_MASK,
+        aggregation="seq-mean-token-mean",
+        ratio_level="sequence",
+    )
+    assert torch.allclose(seq_mean, torch.tensor((-1.2 - 1.0512711) / 2))
+
+
+def test_gspo_loss_is_ppo_clip_loss_at_the_sequence_level_with_seq_mean_token_mean():
+    advantages = torch.tensor([0.5, -2.0])
+    gspo, gspo_metrics = gspo_loss(SEQ_LOGP, SEQ_OLD, advantages, SEQ_MASK, 0.1, 0.1)
+    ppo, ppo_metrics = ppo_clip_loss(
+        SEQ_LOGP, SEQ_OLD, advantages, SEQ_MASK, 0.1, 0.1, "seq-mean-token-mean", ratio_level="sequence"
+    )
+    assert gspo == ppo and gspo_metrics == ppo_metrics
+
+
+# -- CISPO ---------------------------------------------------------------------------------------
+def test_cispo_weighs_logp_by_the_truncated_ratio_and_keeps_every_tokens_gradient():
+    logp = LOGP.clone().requires_grad_(True)  # ratios 1.5, 0.5, 1.0, 1.1
+    loss, metrics = cispo_loss(logp, OLD_LOGP, torch.tensor([1.0]), MASK, cap=1.2)
+    # w = min(r, 1.2) = [1.2, 0.5, 1.0, 1.1]; loss = -mean(w * A * logp) with
+    # logp = [-0.594535, -2.693147, -0.5, -2.904690] -> 5.755174 / 4
+    assert torch.allclose(loss, torch.tensor(1.4387935))
+    assert metrics["pg_loss"] == loss
+    assert metrics["clip_fraction"] == 0.25  # token 0's weight was truncated
+    assert torch.allclose(metrics["ratio_mean"], torch.tensor(1.025))
+    loss.backward()
+    # d/d logp = -w * A / 4 (w is a constant): token 0, clipped away by PPO, keeps -1.2 / 4
+    assert torch.allclose(logp.grad, torch.tensor([[-0.3, -0.125, -0.25, -0.275]]))
+
+
+def test_cispo_masked_garbage_does_not_leak_and_is_weights_and_penalty_compose_like_ppo():
+    logp = LOGP.clone()
+    logp[0, 3] = float("nan")
+    logp.requires_grad_(True)
+    mask = torch.tensor([[1, 1, 1, 0]])
+    is_weights = torch.tensor([[2.0, 1.0, 1.0, 1.0]])
+    penalty = torch.tensor([[0.0, 0.3, 0.0, 0.0]])
+    loss, metrics = cispo_loss(
+        logp, OLD_LOGP, torch.tensor([1.0]), mask, cap=1.2, is_weights=is_weights, token_penalty=penalty
+    )
+    # policy: -[1.2 * 2 * -0.594535, 0.5 * -2.693147, 1.0 * -0.5] / 3; penalty 0.3 / 3
+    policy = (2.4 * 0.5945349 + 0.5 * 2.6931472 + 0.5) / 3
+    assert torch.allclose(metrics["pg_loss"], torch.tensor(policy))
+    assert torch.allclose(loss, torch.tensor(policy + 0.1))
+    loss.backward()
+    assert logp.grad[0, 3] == 0.0
+
+
+def test_cispo_rejects_a_non_positive_cap_and_bad_shapes():
+    with pytest.raises(ValueError, match=r"cap must be > 0, got 0.0"):
+        cispo_loss(LOGP, OLD_LOGP, torch.ones(1), MASK, cap=0.0)
+    with pytest.raises(ValueError, match=r"advantages must be \[B\] = \(1,\) or \[B, T\] = \(1, 4\)"):
+        cispo_loss(LOGP, OLD_LOGP, torch.ones(3), MASK)

@@ -14,7 +14,7 @@ from unirl_lightning.strategy import AsyncRolloutFSDPStrategy
 
 
 def test_fsdp_refuses_a_module_it_cannot_shard_naming_the_alternatives():
-    module = SimpleNamespace(rollout_spec=lambda: SimpleNamespace(family="diffusion"))
+    module = SimpleNamespace(rollout_spec=lambda: SimpleNamespace(family="diffusion", agentic=None))
     strategy = AsyncRolloutFSDPStrategy(max_staleness=0, max_inflight=1)
     with pytest.raises(
         ValueError, match="shards LLM modules.*AsyncRolloutStrategy or AsyncRolloutDDPStrategy"

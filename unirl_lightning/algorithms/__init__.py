@@ -1,4 +1,5 @@
-"""Pure tensor RL math: advantages, log-probs, losses, KL estimators, off-policy correction, flow SDE.
+"""Pure tensor RL math: advantages, log-probs, losses, KL estimators, off-policy correction, overlong
+completions, flow SDE.
 
 No Lightning, no state: every function takes tensors and returns tensors, and is pinned by
 hand-computed tests in ``tests/unit/``. Each set of string choices is a ``typing.Literal`` alias
@@ -14,18 +15,30 @@ from unirl_lightning.algorithms.advantages import (
     group_advantages,
     rloo_advantages,
 )
-from unirl_lightning.algorithms.correction import truncated_importance_weights
+from unirl_lightning.algorithms.correction import (
+    sequence_masked_importance_weights,
+    truncated_importance_weights,
+)
 from unirl_lightning.algorithms.flow import flow_grpo_kl, gaussian_log_prob, sde_std_dev_t, sde_step
 from unirl_lightning.algorithms.kl import KL_ESTIMATORS, KLEstimator, kl_penalty
 from unirl_lightning.algorithms.logprobs import entropy_from_logits, token_logprobs
 from unirl_lightning.algorithms.losses import (
     LOSS_AGGREGATIONS,
+    POLICY_LOSSES,
+    RATIO_LEVELS,
     LossAggregation,
+    PolicyLoss,
+    RatioLevel,
     aggregate_loss,
+    cispo_loss,
+    dual_clip,
     gspo_loss,
     masked_mean,
     ppo_clip_loss,
+    safe_log_ratio,
+    sequence_log_ratio,
 )
+from unirl_lightning.algorithms.overlong import overlong_penalty, truncated_completions
 from unirl_lightning.algorithms.value import (
     clipped_value_loss,
     explained_variance,
@@ -38,12 +51,18 @@ __all__ = [
     "GROUP_STDS",
     "KL_ESTIMATORS",
     "LOSS_AGGREGATIONS",
+    "POLICY_LOSSES",
+    "RATIO_LEVELS",
     "GroupNormalization",
     "GroupStd",
     "KLEstimator",
     "LossAggregation",
+    "PolicyLoss",
+    "RatioLevel",
     "aggregate_loss",
+    "cispo_loss",
     "clipped_value_loss",
+    "dual_clip",
     "explained_variance",
     "last_token_rewards",
     "masked_whiten",
@@ -55,10 +74,15 @@ __all__ = [
     "gspo_loss",
     "kl_penalty",
     "masked_mean",
+    "overlong_penalty",
     "ppo_clip_loss",
     "rloo_advantages",
+    "safe_log_ratio",
     "sde_std_dev_t",
     "sde_step",
+    "sequence_log_ratio",
+    "sequence_masked_importance_weights",
     "token_logprobs",
+    "truncated_completions",
     "truncated_importance_weights",
 ]

@@ -2,12 +2,91 @@
 
 from __future__ import annotations
 
+import math
+import threading
+from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
 from unirl_lightning.callbacks.base import RolloutCallback
 from unirl_lightning.checks import require_at_least
+from unirl_lightning.rollout.loop import reward_part_means
 from unirl_lightning.rollout.types import SamplingParams
+
+
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """The unbiased pass@k of one prompt with ``c`` correct samples out of ``n`` (Chen et al. 2021):
+    ``1 - C(n - c, k) / C(n, k)``, the chance that ``k`` of the ``n`` samples drawn without
+    replacement hold a correct one.
+
+    >>> pass_at_k(4, 1, 1), pass_at_k(4, 1, 2), pass_at_k(4, 0, 4), pass_at_k(4, 3, 2)
+    (0.25, 0.5, 0.0, 1.0)
+    """
+    if not 1 <= k <= n or not 0 <= c <= n:
+        raise ValueError(f"pass@k needs 1 <= k <= n and 0 <= c <= n, got n={n}, c={c}, k={k}")
+    if n - c < k:
+        return 1.0
+    return 1.0 - math.comb(n - c, k) / math.comb(n, k)
+
+
+def mean_pass_at_k(counts: Sequence[tuple[int, int]], k: int) -> float:
+    """pass@k averaged over prompts, from each prompt's ``(n, c)`` (samples, correct samples)."""
+    return sum(pass_at_k(n, c, k) for n, c in counts) / len(counts)
+
+
+def _math_timeout() -> int | None:
+    # math_verify's timeouts use signal.alarm, which only works on the main thread
+    return 5 if threading.current_thread() is threading.main_thread() else None
+
+
+def majority_correct(completions: Sequence[str], gold: str) -> bool:
+    """maj@n of one prompt: the answer most completions give (``math_verify.parse`` of each; two
+    answers are the same when ``math_verify.verify`` says so; completions with no parsable answer
+    do not vote; a tie goes to the answer given first) is checked against ``gold`` with
+    ``math_verify.verify``. No parsable answer at all counts as wrong."""
+    from math_verify import parse, verify
+
+    timeout = _math_timeout()
+    votes: list[tuple[list, int]] = []  # (an answer as parsed, how many completions gave it)
+    for text in completions:
+        answer = parse(text, parsing_timeout=timeout)
+        if not answer:
+            continue
+        for i, (seen, count) in enumerate(votes):
+            if verify(seen, answer, timeout_seconds=timeout):
+                votes[i] = (seen, count + 1)
+                break
+        else:
+            votes.append((answer, 1))
+    if not votes:
+        return False
+    best = max(range(len(votes)), key=lambda i: (votes[i][1], -i))
+    target = parse(str(gold), parsing_timeout=timeout)
+    return bool(target) and bool(verify(target, votes[best][0], timeout_seconds=timeout))
+
+
+def group_metrics(
+    groups: Sequence[Sequence[Any]],
+    records: Sequence[dict[str, Any]] | None,
+    threshold: float,
+    pass_k: Sequence[int],
+    answer_key: str | None,
+) -> dict[str, float]:
+    """The per-prompt figures of one evaluation: ``eval/pass@k`` for each ``k`` of ``pass_k``,
+    ``eval/mean@n`` (each prompt's fraction of correct samples, averaged over prompts) and, when
+    ``answer_key`` is given and the samples have text, ``eval/maj@n``. A sample is correct when its
+    reward is at least ``threshold``."""
+    n = min(len(g) for g in groups)
+    counts = [(len(g), sum(r.reward >= threshold for r in g)) for g in groups]
+    metrics = {f"eval/pass@{k}": mean_pass_at_k(counts, k) for k in pass_k}
+    metrics[f"eval/mean@{n}"] = sum(c / m for m, c in counts) / len(counts)
+    texts = all(isinstance(getattr(r, "text", None), str) for g in groups for r in g)
+    if answer_key is not None and records is not None and texts:
+        golds = [record.get(answer_key) for record in records]
+        if all(gold is not None for gold in golds):
+            votes = [majority_correct([r.text for r in g], str(gold)) for g, gold in zip(groups, golds)]
+            metrics[f"eval/maj@{n}"] = sum(votes) / len(votes)
+    return metrics
 
 
 class RolloutEvalCallback(RolloutCallback):
@@ -16,7 +95,13 @@ class RolloutEvalCallback(RolloutCallback):
     Read-only by contract: it never pushes weights and never changes the weight version, so the
     score is that of the weights the workers hold (the last pushed version, logged as
     ``eval/weight_version``). Logs ``eval/reward_mean`` and ``eval/accuracy`` (fraction of samples
-    whose reward is at least ``accuracy_threshold``). Prompts come from the datamodule's
+    whose reward is at least ``accuracy_threshold``) and, per reward function,
+    ``eval/reward/<name>_mean``; per prompt, ``eval/pass@k`` (the unbiased estimator of Chen et al.
+    2021, a sample correct when its reward is at least ``accuracy_threshold``) for ``k = 1``,
+    ``k = num_generations`` and each ``k`` of ``pass_k``, ``eval/mean@n`` (the mean fraction of
+    correct samples, ``n = num_generations``) and, for token policies whose records carry the
+    answer (``answer_key``; math-verify installed), ``eval/maj@n`` (the majority answer math-verify
+    extracts, checked against the reference). Prompts come from the datamodule's
     ``val_records()`` unless ``prompts`` (a file or built-in task name) is given. For an agentic
     module every sample is a whole episode (every turn, scored by the environment) played on the
     workers beside a live training drive.
@@ -28,6 +113,10 @@ class RolloutEvalCallback(RolloutCallback):
         num_generations: samples per prompt.
         temperature: 0 = greedy (diffusion: the deterministic ODE).
         max_new_tokens: token policies only; defaults to the module's training value.
+        pass_k: more ``k`` for ``eval/pass@k``, each in ``[1, num_generations]`` (1 and
+            ``num_generations`` are always logged).
+        answer_key: the record field with the reference answer for ``eval/maj@n``; None = the
+            module's reward's ``answer_key`` when it has one (MathVerifyReward), else ``"answer"``.
 
     Example::
 
@@ -46,6 +135,8 @@ class RolloutEvalCallback(RolloutCallback):
         eval_on_end: bool = True,
         prompts: str | None = None,
         seed: int = 1234,
+        pass_k: list[int] | None = None,
+        answer_key: str | None = None,
     ) -> None:
         self.every_n_steps = require_at_least("every_n_steps", every_n_steps, 1)
         self.num_prompts = require_at_least("num_prompts", num_prompts, 1)
@@ -57,7 +148,17 @@ class RolloutEvalCallback(RolloutCallback):
         self.eval_on_end = eval_on_end
         self.prompts = prompts
         self.seed = seed
+        for k in pass_k or []:
+            if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= num_generations:
+                raise ValueError(
+                    f"pass_k must hold ints in [1, num_generations={num_generations}], got {k!r}"
+                )
+        self.pass_k = sorted({1, num_generations, *(pass_k or [])})
+        self.answer_key = answer_key
+        self.validate_only = False  # ``unirl-lightning validate``: evaluate once at fit start, then stop
+        self.validated: dict[str, float] | None = None
         self.history: list[dict[str, float]] = []
+        self.last_groups: list[list[Any]] | None = None
         self._records: list[dict[str, Any]] | None = None
 
     def _held_out(self, trainer: Any) -> list[dict[str, Any]]:
@@ -73,7 +174,7 @@ class RolloutEvalCallback(RolloutCallback):
                     "RolloutEvalCallback needs held-out prompts: pass prompts=<file or task name> or use a "
                     "datamodule with val_records() (PromptDataModule has it)"
                 )
-            self._records = list(records)[: self.num_prompts]
+            self._records = list(records[: self.num_prompts])
         return self._records
 
     def setup(self, trainer: Any, pl_module: Any, stage: str) -> None:
@@ -86,25 +187,43 @@ class RolloutEvalCallback(RolloutCallback):
                     f"{type(self.sampling).__name__}, which has no token budget), got {self.max_new_tokens}"
                 )
             self.sampling = replace(self.sampling, max_new_tokens=self.max_new_tokens)
+        if self.answer_key is None:
+            self.answer_key = getattr(getattr(pl_module, "reward", None), "answer_key", "answer")
 
     def evaluate(self, trainer: Any, pl_module: Any) -> dict[str, float] | None:
         """Evaluate now (rank 0 only, with its workers' weights: every rank holds the same version)."""
         if not trainer.is_global_zero:
             return None
         strategy = self.strategy
-        groups = strategy.evaluate(
-            self._held_out(trainer), self.sampling, n=self.num_generations, seed=self.seed
-        )
+        records = self._held_out(trainer)
+        with strategy.runtime.timeline.measure("eval", cat="eval", prompts=len(records)):
+            groups = strategy.evaluate(records, self.sampling, n=self.num_generations, seed=self.seed)
+        self.last_groups = groups  # the latest evaluation's rollouts (e.g. for CompletionLogger)
         rewards = [r.reward for g in groups for r in g]
         metrics = {
             "eval/reward_mean": sum(rewards) / len(rewards),
             "eval/accuracy": sum(r >= self.accuracy_threshold for r in rewards) / len(rewards),
             "eval/weight_version": float(strategy.weight_version),
         }
-        self.history.append({"step": float(strategy.loop.steps if strategy.loop else 0), **metrics})
+        metrics.update(reward_part_means([r for g in groups for r in g], prefix="eval/reward/"))
+        metrics.update(self._group_metrics(groups, records))
+        self.history.append({"step": float(strategy.rl_steps), **metrics})
         for logger in trainer.loggers:
             logger.log_metrics(metrics, step=trainer.global_step)
         return metrics
+
+    def _group_metrics(self, groups: list[list[Any]], records: list[dict[str, Any]]) -> dict[str, float]:
+        answer_key = self.answer_key if isinstance(self.sampling, SamplingParams) else None
+        if answer_key is not None:
+            try:
+                import math_verify  # noqa: F401
+            except ImportError:
+                answer_key = None
+        return group_metrics(groups, records, self.accuracy_threshold, self.pass_k, answer_key)
+
+    def on_fit_start(self, trainer: Any, pl_module: Any) -> None:
+        if self.validate_only:  # the workers hold the module's weights, pushed at the strategy's setup
+            self.validated = self.evaluate(trainer, pl_module)
 
     def on_train_start(self, trainer: Any, pl_module: Any) -> None:
         if self.eval_on_start:
@@ -113,11 +232,11 @@ class RolloutEvalCallback(RolloutCallback):
     def on_train_batch_end(
         self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
-        if self.strategy.loop.steps % self.every_n_steps == 0:
+        if self.strategy.rl_steps % self.every_n_steps == 0:
             self.evaluate(trainer, pl_module)
 
     def on_train_end(self, trainer: Any, pl_module: Any) -> None:
-        steps = self.strategy.loop.steps
+        steps = self.strategy.rl_steps
         if self.eval_on_end and (not self.history or self.history[-1]["step"] != steps):
             self.evaluate(trainer, pl_module)
 

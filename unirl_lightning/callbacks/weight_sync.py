@@ -44,7 +44,7 @@ class WeightSyncCallback(RolloutCallback):
     def on_train_batch_end(
         self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
-        if self.strategy.loop.steps % self.every_n_steps != 0:
+        if self.strategy.rl_steps % self.every_n_steps != 0:
             return
         stats = self.strategy.sync_weights()
         self.num_syncs += 1

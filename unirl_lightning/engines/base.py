@@ -20,6 +20,7 @@ at a time. Guarantees:
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 from collections.abc import Iterable, Sequence
 from typing import Any, ClassVar, Literal, Protocol, runtime_checkable
@@ -46,6 +47,23 @@ class RolloutEngine(Protocol):
     def close(self) -> None: ...
 
 
+@runtime_checkable
+class WeightGroupMember(Protocol):
+    """An engine that joins the collective weight-sync group itself (vLLM: the member is the code in
+    vLLM's own worker process, so the broadcast lands where the model lives, with no host copy in
+    between). A rollout worker whose engine is one delegates the collective backend's endpoints to
+    it; other engines (HF, diffusion) get the worker's own
+    :class:`~unirl_lightning.weight_sync.collective.CollectiveReceiver` and ``load_weights``."""
+
+    def join_weight_group(
+        self, backend: str, host: str, port: int, rank: int, world_size: int, timeout_s: float
+    ) -> None: ...
+
+    def receive_weights(self, layout: Any, dtypes: Any, weight_version: int) -> None: ...
+
+    def leave_weight_group(self) -> None: ...
+
+
 class EngineConfig:
     """Base of every engine configuration (a dataclass subclass per engine).
 
@@ -61,6 +79,21 @@ class EngineConfig:
 
     def build(self, policy: Any, lora: Any = None) -> RolloutEngine:  # pragma: no cover - abstract
         raise NotImplementedError
+
+    def with_cpu_threads(self, threads: int) -> EngineConfig:
+        """This config with its CPU thread count set by the strategy's CPU rule, where it asks for it
+        (``num_threads="auto"``); an engine that manages its own threads returns itself."""
+        return self
+
+
+class TorchThreadsEngineConfig(EngineConfig):
+    """Base of the configs whose engine runs torch in the worker process itself (HF, diffusion): their
+    ``num_threads`` field (``"auto"`` = the strategy's CPU rule) sets its intra-op threads."""
+
+    num_threads: int | Literal["auto"] | None
+
+    def with_cpu_threads(self, threads: int) -> EngineConfig:
+        return dataclasses.replace(self, num_threads=threads) if self.num_threads == "auto" else self
 
 
 ENGINES: dict[str, tuple[str, str]] = {
@@ -117,6 +150,28 @@ def engine_device(device: str, num_threads: int | str | None) -> torch.device:
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"
     return torch.device(device)
+
+
+def check_context(prompt_len: int, max_new_tokens: int, limit: int | None, limit_name: str) -> None:
+    """Refuse a request whose longest prompt (``prompt_len`` tokens) plus ``max_new_tokens`` does not
+    fit the model's ``limit`` positions (``limit_name`` says which limit: ``max_position_embeddings``,
+    ``max_model_len``); ``ValueError`` naming the three numbers. ``limit`` None: nothing to check."""
+    if limit is not None and prompt_len + max_new_tokens > limit:
+        raise ValueError(
+            f"max_new_tokens={max_new_tokens} plus the longest prompt ({prompt_len} tokens) is "
+            f"{prompt_len + max_new_tokens} positions, beyond the model's {limit_name}={limit}: lower "
+            f"max_new_tokens to at most {max(0, limit - prompt_len)} or use shorter prompts"
+        )
+
+
+def check_sampling_overrides(overrides: dict[str, Any], owned: tuple[str, ...]) -> None:
+    """``ValueError`` naming the keys of ``overrides`` the engine sets itself (give them on the module)."""
+    clash = sorted(set(overrides) & set(owned))
+    if clash:
+        raise ValueError(
+            f"sampling_overrides must not set {clash}: the engine sets them from the module's sampling "
+            "(model.init_args: temperature, top_p, top_k, min_p, repetition_penalty, max_new_tokens, stop)"
+        )
 
 
 def trim_at_stop(tokens: list[int], stop_ids: Sequence[int]) -> tuple[list[int], FinishReason]:

@@ -5,8 +5,9 @@ Called inside a rollout worker (a Ray actor), one call at a time, like every eng
 
 * ``generate(request)`` returns one group per prompt record, ``request.n`` :class:`DiffusionRollout`\\ s
   each. ``request.sampling`` is a :class:`DiffusionSampling`. The initial noise and the SDE noise come
-  from one ``torch.Generator`` seeded with ``request.seed`` (plus the chunk offset), so a request with
-  a fixed seed and ``eta=0`` gives the same images every time (deterministic eval).
+  from one ``torch.Generator`` per chunk of at most ``max_batch_size`` samples, chunk ``c`` seeded with
+  :func:`~unirl_lightning.rollout.types.derive_seed` ``(request.seed, c)``, so a request with a fixed
+  seed and ``eta=0`` gives the same images every time (deterministic eval).
 * Steps listed by ``DiffusionSampling.sde_steps()`` run the Flow-GRPO SDE
   (:func:`~unirl_lightning.algorithms.flow.sde_step` at noise level ``eta``); the others run the
   deterministic ODE (Euler, ``eta=0``). For each SDE step a rollout records the latents before and
@@ -28,16 +29,22 @@ from typing import Any, ClassVar, Literal
 import torch
 
 from unirl_lightning.algorithms.flow import sde_step
-from unirl_lightning.engines.base import EngineConfig, engine_device
+from unirl_lightning.engines.base import TorchThreadsEngineConfig, engine_device
 from unirl_lightning.lora import LoraSpec, apply_lora, effective_weights, load_named_weights
 from unirl_lightning.models_diffusion import SD3FlowModel, TinyFlowModel, guided_velocity
-from unirl_lightning.rollout.types import DiffusionRollout, DiffusionSampling, PolicyFamily, RolloutRequest
+from unirl_lightning.rollout.types import (
+    DiffusionRollout,
+    DiffusionSampling,
+    PolicyFamily,
+    RolloutRequest,
+    derive_seed,
+)
 
 __all__ = ["DiffusionEngine", "DiffusionEngineConfig"]
 
 
 @dataclass
-class DiffusionEngineConfig(EngineConfig):
+class DiffusionEngineConfig(TorchThreadsEngineConfig):
     """Configuration of the diffusion engine (the policy and its LoRA spec are the module's).
 
     Args:
@@ -111,9 +118,9 @@ class DiffusionEngine:
             )
         groups: list[list[DiffusionRollout]] = []
         per_call = max(1, self.config.max_batch_size // request.n)
-        for start in range(0, len(request.records), per_call):
+        for chunk_index, start in enumerate(range(0, len(request.records), per_call)):
             chunk = request.records[start : start + per_call]
-            seed = None if request.seed is None else request.seed + start
+            seed = None if request.seed is None else derive_seed(request.seed, chunk_index)
             groups.extend(self._generate_chunk(chunk, request.n, sampling, seed, group_offset=start))
         return groups
 

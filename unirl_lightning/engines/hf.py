@@ -1,30 +1,69 @@
 """The embedded default engine: ``transformers`` ``generate`` on CPU or GPU.
 
-Behaviour log-probs are taken from the raw logits of every generation step (``output_logits``),
-divided by the sampling temperature, so they are the log-probs of the distribution the trainer
-recomputes (temperature-scaled, before top-p truncation). Greedy (temperature 0) requests report
-log-probs at temperature 1.
+Behaviour log-prob of a sampled token: ``log_softmax(raw_logits / T)[token]``, from the model's raw
+float32 logits at that generation step (before every logits processor: no top-p / top-k / min-p
+truncation, no repetition penalty, no generation-config processors such as ``suppress_tokens``),
+at the request's temperature ``T``; a greedy request (temperature 0) reports them at ``T = 1``. So
+they are the log-probs of the distribution the trainer recomputes (temperature-scaled, before
+truncation), while the sample itself is drawn from the processed distribution. Every option of
+:class:`~unirl_lightning.rollout.types.SamplingParams` reaches ``generate`` (:func:`generate_kwargs`).
+
+A request whose longest prompt plus ``max_new_tokens`` exceeds the model's
+``max_position_embeddings`` is refused with a ``ValueError`` naming the numbers (``generate``
+would run past the positions the model was built with).
+
+They are scored as ``generate`` goes (:class:`StepScorer`, a forward hook on the model): each step's
+log-softmax row is kept until the next step's input reveals the token sampled from it, so one
+``[B, V]`` row is held at a time, where keeping ``output_logits`` held ``[B, T, V]`` (and a float32
+copy of it) to the end.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any, Literal
 
 import torch
 
-from unirl_lightning.engines.base import EngineConfig, engine_device, make_group, trim_at_stop
-from unirl_lightning.lora import LLM_LORA_TARGETS, LoraSpec, apply_lora, effective_weights, load_named_weights
+from unirl_lightning.engines.base import (
+    TorchThreadsEngineConfig,
+    check_context,
+    engine_device,
+    make_group,
+    trim_at_stop,
+)
+from unirl_lightning.lora import (
+    LLM_LORA_TARGETS,
+    LoraSpec,
+    apply_lora,
+    effective_weights,
+    load_named_weights,
+    unwrapped,
+)
 from unirl_lightning.models import PolicySpec
-from unirl_lightning.rollout.types import FinishReason, Rollout, RolloutRequest, SamplingParams
+from unirl_lightning.rollout.types import FinishReason, Rollout, RolloutRequest, SamplingParams, derive_seed
 
 log = logging.getLogger(__name__)
 
 
+def generate_kwargs(sampling: SamplingParams) -> dict[str, Any]:
+    """The sampling part of ``model.generate``'s keyword arguments for ``sampling`` (greedy for
+    temperature 0, where truncation is moot; the repetition penalty applies to both)."""
+    kwargs: dict[str, Any] = dict(max_new_tokens=sampling.max_new_tokens, do_sample=sampling.temperature != 0)
+    if sampling.temperature != 0:
+        kwargs.update(temperature=sampling.temperature, top_p=sampling.top_p, top_k=sampling.top_k)
+        if sampling.min_p > 0:
+            kwargs["min_p"] = sampling.min_p
+    if sampling.repetition_penalty != 1:
+        kwargs["repetition_penalty"] = sampling.repetition_penalty
+    return kwargs
+
+
 @dataclass
-class HFEngineConfig(EngineConfig):
+class HFEngineConfig(TorchThreadsEngineConfig):
     """Configuration of the ``transformers`` engine (the default for token policies).
 
     Args:
@@ -61,6 +100,11 @@ class HFEngine:
         self.policy = policy
         self.stop_ids = policy.stop_ids(self.tokenizer)  # EOS (and the chat template's end of turn)
         self.weight_version = 0
+        # None for a model without absolute positions in its config (nothing to check then); also the
+        # agentic coordinator's context budget (it ends an episode that would outgrow it, cleanly)
+        self.max_positions = getattr(unwrapped(self.model).config, "max_position_embeddings", None)
+        if isinstance(self.max_positions, int):
+            self.max_model_len = self.max_positions
 
     # -- weights ---------------------------------------------------------------------------------
     def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], weight_version: int) -> None:
@@ -90,8 +134,8 @@ class HFEngine:
         prompts = [self.policy.prompt_ids(self.tokenizer, record) for record in request.records]
         groups: list[list[Rollout]] = []
         per_call = max(1, self.config.max_batch_size // request.n)
-        for start in range(0, len(prompts), per_call):
-            seed = None if request.seed is None else request.seed + start
+        for chunk, start in enumerate(range(0, len(prompts), per_call)):
+            seed = None if request.seed is None else derive_seed(request.seed, chunk)
             samples = self._sample(prompts[start : start + per_call], request, seed)
             for offset, group_samples in enumerate(samples):
                 index = start + offset
@@ -116,13 +160,13 @@ class HFEngine:
 
         Returns ``(completion_ids, logprobs, finish_reason)`` per row, log-probs as in the module
         docstring. Rows are sampled in calls of at most ``max_batch_size`` (the ``k``-th call seeded
-        with ``seed + k * max_batch_size``). The agentic coordinator calls it once per turn with the
+        with ``derive_seed(seed, k)``: no two calls share a seed). The agentic coordinator calls it once per turn with the
         whole context of every live episode, so earlier turns are never re-tokenized.
         """
         size = self.config.max_batch_size
         samples = []
         for start in range(0, len(prompt_ids), size):
-            chunk_seed = None if seed is None else seed + start
+            chunk_seed = None if seed is None else derive_seed(seed, start // size)
             samples.extend(self._generate_rows(prompt_ids[start : start + size], sampling, chunk_seed))
         return samples
 
@@ -133,25 +177,18 @@ class HFEngine:
         attention_mask = torch.tensor([[0] * (width - len(ids)) + [1] * len(ids) for ids in prompts])
         input_ids, attention_mask = input_ids.to(self.device), attention_mask.to(self.device)
         greedy = sampling.temperature == 0
+        check_context(width, sampling.max_new_tokens, self.max_positions, "max_position_embeddings")
         if seed is not None:
             torch.manual_seed(seed)
-        gen_kwargs: dict[str, Any] = dict(
-            max_new_tokens=sampling.max_new_tokens,
-            do_sample=not greedy,
-            pad_token_id=tok.pad_token_id,
-            eos_token_id=self.stop_ids,
-            output_logits=True,
-            return_dict_in_generate=True,
-        )
-        if not greedy:
-            gen_kwargs.update(temperature=sampling.temperature, top_p=sampling.top_p, top_k=0)
+        gen_kwargs = generate_kwargs(sampling)
+        gen_kwargs.update(pad_token_id=tok.pad_token_id, eos_token_id=self.stop_ids)
         if sampling.stop:
             gen_kwargs.update(stop_strings=list(sampling.stop), tokenizer=tok)
-        out = self.model.generate(input_ids=input_ids, attention_mask=attention_mask, **gen_kwargs)
-        new_tokens = out.sequences[:, width:]
-        temperature = 1.0 if greedy else sampling.temperature
-        logits = torch.stack(out.logits, dim=1).float() / temperature  # [B, T, V]
-        logps = torch.log_softmax(logits, dim=-1).gather(-1, new_tokens.unsqueeze(-1)).squeeze(-1)
+        scorer = StepScorer(temperature=1.0 if greedy else sampling.temperature)
+        with scorer.attached(unwrapped(self.model)):
+            sequences = self.model.generate(input_ids=input_ids, attention_mask=attention_mask, **gen_kwargs)
+        new_tokens = sequences[:, width:]
+        logps = scorer.logprobs(new_tokens)
         new_tokens, logps = new_tokens.tolist(), logps.cpu()
         samples = []
         for row in range(len(prompts)):
@@ -163,3 +200,60 @@ class HFEngine:
                 finish = "stop"
             samples.append((completion, logps[row, : len(completion)].tolist(), finish))
         return samples
+
+
+class StepScorer:
+    """The behaviour log-prob of every token ``generate`` samples, scored as it goes.
+
+    A forward hook on the causal LM (the model ``generate`` calls once per step): each call's
+    last-position logits become ``log_softmax(logits.float() / temperature)`` (the values
+    ``output_logits`` would have kept: the raw logits, upcast as ``generate`` upcasts them), and
+    the next call's input ids (whose last column is the token just sampled) pick that token's
+    log-prob from it. :meth:`logprobs` scores the final step's token from the returned sequences
+    and checks that every token it scored is the one ``generate`` returned (a decoding loop that
+    broke "each forward sees the previous sample last" would raise, not mis-score).
+    """
+
+    def __init__(self, temperature: float) -> None:
+        self.temperature = temperature
+        self._row: torch.Tensor | None = None  # [B, V] log-softmax of the step whose sample is unseen
+        self._tokens: list[torch.Tensor] = []
+        self._logprobs: list[torch.Tensor] = []
+
+    @contextlib.contextmanager
+    def attached(self, model: torch.nn.Module) -> Iterator[StepScorer]:
+        handle = model.register_forward_hook(self._hook, with_kwargs=True)
+        try:
+            yield self
+        finally:
+            handle.remove()
+
+    def _score(self, tokens: torch.Tensor) -> None:
+        assert self._row is not None
+        self._logprobs.append(self._row.gather(-1, tokens.unsqueeze(-1)).squeeze(-1))
+        self._tokens.append(tokens)
+        self._row = None
+
+    def _hook(self, module: torch.nn.Module, args: tuple, kwargs: dict[str, Any], output: Any) -> None:
+        input_ids = kwargs.get("input_ids", args[0] if args else None)
+        if self._row is not None:  # every call after the prefill: its last input is the last sample
+            self._score(input_ids[:, -1])
+        logits = output.logits[:, -1].float()  # a copy: the step's logits are not kept alive
+        self._row = torch.log_softmax(logits / self.temperature, dim=-1)
+
+    def logprobs(self, new_tokens: torch.Tensor) -> torch.Tensor:
+        """``[B, n]`` log-probs of the ``n`` generated tokens ``new_tokens`` (float32)."""
+        n = new_tokens.shape[1]
+        if len(self._logprobs) < n and self._row is not None:
+            self._score(new_tokens[:, len(self._logprobs)])
+        if len(self._logprobs) < n:
+            raise RuntimeError(
+                f"scored {len(self._logprobs)} generation steps of {n}: generate skipped a forward"
+            )
+        scored = torch.stack(self._tokens[:n], dim=1)
+        if not torch.equal(scored, new_tokens):
+            raise RuntimeError(
+                "the tokens scored during generate are not the ones it returned: this transformers version's "
+                "decoding loop does not feed each step the previous sample (behaviour log-probs would be wrong)"
+            )
+        return torch.stack(self._logprobs[:n], dim=1)

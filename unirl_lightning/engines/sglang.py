@@ -9,11 +9,16 @@ Guarantees, beyond the contract:
   run with ``SGLANG_RETURN_ORIGINAL_LOGPROB=1`` (that reports temperature-1 log-probs); it refuses to
   start if it is set. Completions are the token ids SGLang reports next to those log-probs, cut after
   the first eos (kept), so ids, log-probs and ``finish_reason`` line up exactly as in the HF engine.
+* **Sampling**: every option of :class:`~unirl_lightning.rollout.types.SamplingParams` maps onto
+  SGLang's sampling parameters (:func:`sglang_sampling_params`; ``top_k`` 0 = off is SGLang's -1);
+  ``sampling_overrides`` adds SGLang-only ones, refusing those the engine owns. A request whose
+  longest prompt plus ``max_new_tokens`` exceeds SGLang's context length is refused naming the numbers.
 * **Prompts** are tokenised here (``add_special_tokens=False``) and sent as ``input_ids``; completions
   are decoded with the policy's tokenizer. Each record's ``n`` samples are ``n`` requests. Seeds: SGLang
   honours per-request seeds only in deterministic mode (``deterministic=True``, i.e.
-  ``enable_deterministic_inference``): then record ``i``'s ``j``-th sample uses ``seed + i * n + j``;
-  otherwise sampling draws from the engine's ``random_seed`` stream.
+  ``enable_deterministic_inference``): then record ``i``'s ``j``-th sample (sample ``k = i * n + j``)
+  uses :func:`~unirl_lightning.rollout.types.derive_seed` ``(seed, k)``; otherwise sampling draws
+  from the engine's ``random_seed`` stream.
 * **Multi-turn** (agentic episodes): ``generate_ids`` takes token ids (every episode's whole context
   so far) and returns one sample per row with the same log-prob and stop rules; ``generate`` is
   ``generate_ids`` over each record's ``n`` copies of its prompt.
@@ -52,18 +57,66 @@ from typing import Any
 import torch
 
 from unirl_lightning.checks import require_in_range, require_positive
-from unirl_lightning.engines.base import EngineConfig, import_backend, make_group
+from unirl_lightning.engines.base import (
+    EngineConfig,
+    check_context,
+    check_sampling_overrides,
+    import_backend,
+    make_group,
+    trim_at_stop,
+)
 from unirl_lightning.engines.serving import is_lora_push, lora_adapter_config, materialize_policy
 from unirl_lightning.lora import LoraSpec
 from unirl_lightning.models import PolicySpec
-from unirl_lightning.rollout.types import FinishReason, Rollout, RolloutRequest, SamplingParams
+from unirl_lightning.rollout.types import FinishReason, Rollout, RolloutRequest, SamplingParams, derive_seeds
 from unirl_lightning.weight_sync.buckets import weight_buckets
 
-__all__ = ["SGLangEngine", "SGLangEngineConfig", "import_sglang"]
+__all__ = ["SGLangEngine", "SGLangEngineConfig", "import_sglang", "sglang_sampling_params"]
 
 log = logging.getLogger(__name__)
 
 INSTALL_HINT = "install the extra: pip install 'unirl-lightning[sglang]' (SGLang needs a CUDA GPU)"
+
+
+OWNED_SAMPLING_KEYS = (
+    "temperature",
+    "top_p",
+    "top_k",
+    "min_p",
+    "repetition_penalty",
+    "max_new_tokens",
+    "stop",
+    "stop_token_ids",
+    "skip_special_tokens",
+    "sampling_seed",
+    "n",
+)
+
+
+def sglang_sampling_params(
+    sampling: SamplingParams,
+    stop_ids: list[int],
+    seed: int | None,
+    overrides: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """One request's SGLang ``sampling_params`` for ``sampling`` (``seed``: deterministic mode only;
+    ``overrides``: the engine config's ``sampling_overrides``)."""
+    param: dict[str, Any] = {
+        "temperature": sampling.temperature,  # 0 = greedy in SGLang
+        "top_p": sampling.top_p,
+        "top_k": sampling.top_k if sampling.top_k > 0 else -1,  # SGLang: -1 = off
+        "min_p": sampling.min_p,
+        "repetition_penalty": sampling.repetition_penalty,
+        "max_new_tokens": sampling.max_new_tokens,
+        "skip_special_tokens": True,
+        "stop_token_ids": list(stop_ids),
+    }
+    if sampling.stop:
+        param["stop"] = list(sampling.stop)
+    if seed is not None:
+        param["sampling_seed"] = seed
+    param.update(overrides or {})
+    return param
 
 
 def import_sglang() -> Any:
@@ -87,6 +140,9 @@ class SGLangEngineConfig(EngineConfig):
         deterministic: SGLang's deterministic inference (batch-invariant kernels; per-request seeds).
         enable_memory_saver: lets ``sleep()`` release GPU memory (colocated placement).
         engine_kwargs: anything else for ``sglang.Engine(...)`` (wins over the fields above).
+        sampling_overrides: extra SGLang sampling parameters of every request (e.g.
+            ``{"presence_penalty": 0.5}``); the ones the engine sets from the module's sampling are
+            refused.
 
     Example::
 
@@ -102,8 +158,10 @@ class SGLangEngineConfig(EngineConfig):
     deterministic: bool = False
     enable_memory_saver: bool = False
     engine_kwargs: dict[str, Any] = field(default_factory=dict)
+    sampling_overrides: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
+        check_sampling_overrides(self.sampling_overrides, OWNED_SAMPLING_KEYS)
         require_positive("bucket_mb", self.bucket_mb)
         require_in_range("mem_fraction_static", self.mem_fraction_static, 0, 1, low_open=True, high_open=True)
 
@@ -249,23 +307,15 @@ class SGLangEngine:
         """The token-level entry point (the agentic coordinator's): one sample per row of
         ``prompt_ids`` (token ids, any lengths), as ``(completion_ids, logprobs, finish_reason)``.
         The ids go to SGLang as they are, so earlier turns of an episode are never re-tokenized; in
-        deterministic mode row ``i`` is seeded with ``seed + i``."""
+        deterministic mode row ``i`` is seeded with ``derive_seed(seed, i)``."""
         self.wake()
         stop_ids = self.policy.stop_ids(self.tokenizer)
-        params = []
-        for i in range(len(prompt_ids)):
-            param: dict[str, Any] = {
-                "temperature": sampling.temperature,  # 0 = greedy in SGLang
-                "top_p": sampling.top_p,
-                "max_new_tokens": sampling.max_new_tokens,
-                "skip_special_tokens": True,
-                "stop_token_ids": stop_ids,
-            }
-            if sampling.stop:
-                param["stop"] = list(sampling.stop)
-            if self.config.deterministic and seed is not None:
-                param["sampling_seed"] = seed + i
-            params.append(param)
+        limit = getattr(getattr(self.engine, "tokenizer_manager", None), "context_len", None)
+        if prompt_ids:
+            check_context(max(len(r) for r in prompt_ids), sampling.max_new_tokens, limit, "context_length")
+        seeds = derive_seeds(seed if self.config.deterministic else None, len(prompt_ids))
+        overrides = self.config.sampling_overrides
+        params = [sglang_sampling_params(sampling, stop_ids, row_seed, overrides) for row_seed in seeds]
         kwargs: dict[str, Any] = {}
         if self._lora_name is not None:
             kwargs["lora_path"] = [self._lora_name] * len(prompt_ids)
@@ -283,12 +333,9 @@ def _completion(output: dict[str, Any], stop_ids: list[int]) -> tuple[list[int],
     kind = finish.get("type") if isinstance(finish, dict) else str(finish)
     if kind not in ("stop", "length"):
         raise RuntimeError(f"SGLang finished a sample with {finish!r}")
-    tokens = [token for token, _ in pairs]
-    stops = [i for i, token in enumerate(tokens) if token in stop_ids]
-    if stops:
-        cut = stops[0] + 1
-        pairs, kind = pairs[:cut], "stop"
-    return [t for t, _ in pairs], [lp for _, lp in pairs], kind
+    tokens, trimmed = trim_at_stop([token for token, _ in pairs], stop_ids)
+    kind = "stop" if trimmed == "stop" else kind  # SGLang's own "stop" (a stop string) stays one
+    return tokens, [lp for _, lp in pairs[: len(tokens)]], kind
 
 
 def _check(result: Any, what: str) -> None:

@@ -8,14 +8,22 @@ Guarantees, beyond the contract:
   logits after temperature (and top-k/top-p), log-softmaxed. With ``top_p=1`` (the GRPO default) that
   is exactly ``log_softmax(logits / temperature)``, the distribution the trainer recomputes, and it
   agrees with the ``transformers`` engine to ~1e-6 in fp32. Greedy requests report log-probs at
-  temperature 1, like the HF engine. With ``top_p < 1`` the reported log-prob is the one under the
-  renormalised nucleus (vLLM keeps no pre-truncation value), which the trainer does not recompute;
-  the engine warns once. (``raw_logprobs`` would be temperature 1 whatever the sampling temperature.)
+  temperature 1, like the HF engine. With ``top_p < 1``, ``top_k > 0``, ``min_p > 0`` or
+  ``repetition_penalty != 1`` the reported log-prob is the one under the truncated / penalised
+  distribution (vLLM keeps no pre-processing value at the sampling temperature), which the trainer
+  does not recompute; the engine warns once. (vLLM's default ``raw_logprobs`` would be before every
+  processor but at temperature 1 whatever the sampling temperature.)
+* **Sampling**: every option of :class:`~unirl_lightning.rollout.types.SamplingParams` maps onto
+  vLLM's ``SamplingParams`` (:func:`vllm_sampling_kwargs`); ``sampling_overrides`` adds vLLM-only
+  fields (e.g. ``presence_penalty``), refusing those the engine owns. A request whose longest
+  prompt plus ``max_new_tokens`` exceeds ``max_model_len`` is refused naming the numbers.
 * **Prompts** are tokenised here with the policy's tokenizer (``add_special_tokens=False``) and sent
   as token ids, and completions are decoded with it too, so ids and text match the HF engine's.
   A completion keeps its eos when it hit one; ``finish_reason`` is ``"stop"`` (eos or a stop string)
-  or ``"length"``. With a ``seed``, record ``i`` samples with seed ``seed + i * n`` (vLLM gives its
-  ``j``-th sample ``+ j``), so a seeded request is reproducible.
+  or ``"length"``. Each sample is its own ``n=1`` vLLM request; with a ``seed``, sample ``k`` of the
+  request (record ``i``'s ``j``-th, ``k = i * n + j``) is seeded with
+  :func:`~unirl_lightning.rollout.types.derive_seed` ``(seed, k)``, so a seeded request is
+  reproducible and no two samples of a run share a seed.
 * **Full-weight updates** go through one update session, in buckets of at most ``bucket_mb`` that
   never split a decoder layer: begin -> load bucket ... -> finish, each a ``collective_rpc`` to
   :class:`~unirl_lightning.engines.vllm_worker.VLLMWorkerExtension` (mixed into vLLM's worker with ``worker_extension_cls``), so they
@@ -27,6 +35,15 @@ Guarantees, beyond the contract:
   so a plain ``load_weights`` no longer reaches them. ``"load_weights"`` is vLLM's documented RLHF
   path, ``model.load_weights(bucket)``, on GPU. ``"auto"`` picks by platform. After every update the
   prefix cache is reset (cached KV blocks were computed with the old weights).
+* **Collective pushes** (``weight_sync="collective"``): the member of the trainer's weight-sync
+  group is vLLM's worker process, not the rollout worker: ``join_weight_group`` /
+  ``receive_weights`` / ``leave_weight_group`` are ``collective_rpc`` s to the worker extension,
+  which receives each broadcast bucket in place, on its own device (the GPU for NCCL, the host for
+  gloo), and loads it inside one update session. Only control messages cross (addresses, the
+  layout as names and lists of dims, dtype names), so the push costs no host copy and no
+  serialization, in-process and with the engine core in its own process alike. With LoRA (adapters
+  are loaded from files by the engine) or more than one vLLM worker (tensor/pipeline parallelism),
+  this process joins the group instead and each push goes through ``load_weights``.
 * **LoRA updates** (``lora`` set): the pushed tensors are the ``peft`` adapter only
   (``get_peft_model_state_dict`` names). vLLM loads adapters from a directory, so each version is
   written as a PEFT adapter (``adapter_config.json`` + ``adapter_model.safetensors``) to a
@@ -68,14 +85,20 @@ from typing import Any, Literal
 import torch
 
 from unirl_lightning.checks import require_choice, require_positive
-from unirl_lightning.engines.base import EngineConfig, import_backend, make_group
+from unirl_lightning.engines.base import (
+    EngineConfig,
+    check_context,
+    check_sampling_overrides,
+    import_backend,
+    make_group,
+)
 from unirl_lightning.engines.serving import is_lora_push, lora_adapter_config, materialize_policy
 from unirl_lightning.lora import LoraSpec
 from unirl_lightning.models import PolicySpec, TinyCausalLM
-from unirl_lightning.rollout.types import FinishReason, Rollout, RolloutRequest, SamplingParams
+from unirl_lightning.rollout.types import FinishReason, Rollout, RolloutRequest, SamplingParams, derive_seeds
 from unirl_lightning.weight_sync.buckets import pack_tensors, weight_buckets
 
-__all__ = ["VLLMEngine", "VLLMEngineConfig", "import_vllm"]
+__all__ = ["VLLMEngine", "VLLMEngineConfig", "import_vllm", "vllm_sampling_kwargs"]
 
 log = logging.getLogger(__name__)
 
@@ -86,6 +109,48 @@ INSTALL_HINT = (
 VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)  # vLLM's allowed max_lora_rank values
 WeightUpdate = Literal["auto", "reload", "load_weights"]
 CPU_MAX_MODEL_LEN = 2048
+# SamplingParams fields the engine sets itself (the log-prob and stop contracts depend on them)
+OWNED_SAMPLING_FIELDS = (
+    "n",
+    "temperature",
+    "top_p",
+    "top_k",
+    "min_p",
+    "repetition_penalty",
+    "max_tokens",
+    "stop",
+    "stop_token_ids",
+    "logprobs",
+    "seed",
+    "detokenize",
+)
+
+
+def vllm_sampling_kwargs(
+    sampling: SamplingParams,
+    stop_ids: list[int],
+    seed: int | None,
+    overrides: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """vLLM ``SamplingParams(**kwargs)`` for one ``n=1`` sample of ``sampling`` (``overrides``: the
+    engine config's ``sampling_overrides``). Greedy (temperature 0) turns truncation off."""
+    greedy = sampling.temperature == 0
+    kwargs: dict[str, Any] = dict(
+        n=1,
+        temperature=sampling.temperature,
+        top_p=1.0 if greedy else sampling.top_p,
+        top_k=0 if greedy or sampling.top_k == 0 else sampling.top_k,  # vLLM: 0 (or -1) = off
+        min_p=0.0 if greedy else sampling.min_p,
+        repetition_penalty=sampling.repetition_penalty,
+        max_tokens=sampling.max_new_tokens,
+        stop=list(sampling.stop) or None,
+        stop_token_ids=list(stop_ids),  # EOS (and a chat template's end of turn), kept
+        logprobs=0,  # the sampled token's log-prob only
+        seed=seed,
+        detokenize=bool(sampling.stop),  # stop strings need text; otherwise we decode
+    )
+    kwargs.update(overrides or {})
+    return kwargs
 
 
 def import_vllm() -> Any:
@@ -109,12 +174,17 @@ class VLLMEngineConfig(EngineConfig):
             default reserves most of the machine's memory).
         max_model_len: longest prompt + completion; None = the model's own limit on GPU, 2048 on CPU
             (whose small KV cache cannot hold a full 8k context).
-        tensor_parallel_size: GPUs per engine.
+        tensor_parallel_size: GPUs per engine; None = the strategy's ``num_gpus_per_worker`` (1 for
+            a share of a GPU or none); when set it must equal ``num_gpus_per_worker``.
         enforce_eager: skip CUDA graphs / torch.compile (faster start; slower decode on GPU).
         seed: vLLM's global seed (unseeded requests draw from it).
         sleep_level: 1 = offload weights and drop the KV cache on ``sleep()``; 2 = drop both (the
             next weight push must then restore every weight).
         engine_kwargs: anything else for ``vllm.LLM(...)`` (wins over the fields above).
+        sampling_overrides: extra fields of every request's ``vllm.SamplingParams`` (e.g.
+            ``{"presence_penalty": 0.5}``); the fields the engine sets from the module's sampling
+            (temperature, top_p, top_k, min_p, repetition_penalty, max_tokens, stop, logprobs, seed,
+            ...) are refused.
 
     Example::
 
@@ -126,16 +196,20 @@ class VLLMEngineConfig(EngineConfig):
     gpu_memory_utilization: float = 0.5
     kv_cache_gib: float | None = None
     max_model_len: int | None = None
-    tensor_parallel_size: int = 1
+    tensor_parallel_size: int | None = None
     enforce_eager: bool = True
     seed: int = 0
     sleep_level: int = 1
     engine_kwargs: dict[str, Any] = field(default_factory=dict)
+    sampling_overrides: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
+        check_sampling_overrides(self.sampling_overrides, OWNED_SAMPLING_FIELDS)
         require_choice("weight_update", self.weight_update, WeightUpdate)
         require_positive("bucket_mb", self.bucket_mb)
         require_choice("sleep_level", self.sleep_level, (1, 2))
+        if self.tensor_parallel_size is not None:
+            require_positive("tensor_parallel_size", self.tensor_parallel_size)
 
     def validate(self, policy: PolicySpec, lora: LoraSpec | None) -> None:
         if lora is not None and not 1 <= lora.rank <= max(VLLM_LORA_RANKS):
@@ -179,7 +253,7 @@ class VLLMEngine:
         self._tmp = tempfile.mkdtemp(prefix="unirl-vllm-")
         self._cleanup = weakref.finalize(self, shutil.rmtree, self._tmp, True)
         self._asleep = False
-        self._warned_top_p = False
+        self._warned_reshape = False
         self._lora_request: Any = None
         self._lora_dir: str | None = None
         self._lora_ids = 0
@@ -194,7 +268,7 @@ class VLLMEngine:
             trust_remote_code=served.trust_remote_code,
             seed=config.seed,
             enforce_eager=config.enforce_eager,
-            tensor_parallel_size=config.tensor_parallel_size,
+            tensor_parallel_size=config.tensor_parallel_size or 1,  # None: built outside a strategy
             gpu_memory_utilization=config.gpu_memory_utilization,
             logprobs_mode="processed_logprobs",
             worker_extension_cls="unirl_lightning.engines.vllm_worker.VLLMWorkerExtension",
@@ -287,6 +361,73 @@ class VLLMEngine:
             shutil.rmtree(previous_dir, ignore_errors=True)
         self.llm.reset_prefix_cache()
 
+    # -- the collective backend (weight_sync/collective.py): vLLM's worker process is the member -----
+    def _worker_is_member(self) -> bool:
+        """Whether vLLM's worker joins the weight-sync group itself: full-weight pushes into one worker
+        (LoRA adapters are loaded from files by the engine, here; with tensor or pipeline parallelism
+        every vLLM worker would need a rank of its own, which the group does not hand out yet)."""
+        parallel = self.llm.llm_engine.vllm_config.parallel_config
+        return self.lora is None and int(parallel.world_size) == 1
+
+    def join_weight_group(
+        self, backend: str, host: str, port: int, rank: int, world_size: int, timeout_s: float
+    ) -> None:
+        """Join the trainer's weight-sync group as ``rank``: vLLM's worker process joins (its buffers
+        on the worker's device), through ``collective_rpc``; with LoRA (adapters are written to files
+        and added by the engine) or more than one vLLM worker, this process joins instead and each
+        push goes through :meth:`load_weights`."""
+        from unirl_lightning.weight_sync.collective import CollectiveReceiver
+
+        self._weight_relay: CollectiveReceiver | None = None
+        self.weight_group_pids: list[int] = []
+        if not self._worker_is_member():
+            self._weight_relay = CollectiveReceiver(backend, host, port, rank, world_size, timeout_s)
+            return
+        self.weight_group_pids = self.llm.collective_rpc(
+            "unirl_join_weight_group",
+            args=(backend, host, int(port), int(rank), int(world_size), float(timeout_s)),
+        )
+
+    def receive_weights(self, layout: Any, dtypes: Any, weight_version: int) -> None:
+        """Receive one broadcast push (``layout``: buckets of ``(name, shape)``; ``dtypes``: one per
+        bucket) and serve it as ``weight_version``. In vLLM's worker each bucket is received in place
+        and loaded inside one update session (begin -> receive and load -> finish, which resets the
+        LoRA state and, here, the prefix cache); only the layout (lists) and dtype names cross
+        ``collective_rpc``. The result of each worker (receiving pids per bucket, tensor count,
+        digests when ``record_digests`` is set) is kept in ``last_receive``."""
+        from unirl_lightning.weight_sync.collective import dtype_names, wire_layout
+
+        if not hasattr(self, "_weight_relay"):
+            raise RuntimeError(
+                f"vLLM engine: receive_weights(weight_version={weight_version}) before join_weight_group"
+            )
+        if self._weight_relay is not None:
+            self.load_weights(self._weight_relay.receive(layout, dtypes), weight_version)
+            return
+        names = [name for bucket in layout for name, _ in bucket]
+        if any(".lora_A." in name or ".lora_B." in name for name in names):
+            raise ValueError(
+                "got LoRA adapter tensors but this engine was built without a LoraSpec (the module's lora "
+                "is None)"
+            )
+        self.wake()
+        rpc = self.llm.collective_rpc
+        rpc("unirl_begin_weight_update", args=(self.weight_update == "reload",))
+        try:
+            self.last_receive = rpc(
+                "unirl_receive_weights",
+                args=(wire_layout(layout), dtype_names(dtypes), bool(getattr(self, "record_digests", False))),
+            )
+        finally:  # an interrupted reload must still put every layer back
+            rpc("unirl_finish_weight_update")
+            self.llm.reset_prefix_cache()
+        self.weight_version = weight_version
+
+    def leave_weight_group(self) -> None:
+        if getattr(self, "_weight_relay", None) is None and hasattr(self, "_weight_relay"):
+            self.llm.collective_rpc("unirl_leave_weight_group")
+        self.__dict__.pop("_weight_relay", None)
+
     def sleep(self) -> None:
         if self.sleep_supported and not self._asleep:
             self.llm.sleep(level=self.config.sleep_level)
@@ -310,53 +451,50 @@ class VLLMEngine:
     # -- generation ------------------------------------------------------------------------------
     def generate(self, request: RolloutRequest) -> list[list[Rollout]]:
         tok = self.tokenizer
+        n = request.n
         prompt_ids = [self.policy.prompt_ids(tok, record) for record in request.records]
-        params = [
-            self._params(
-                request.sampling, request.n, None if request.seed is None else request.seed + i * request.n
-            )
-            for i in range(len(prompt_ids))
+        # one n=1 vLLM request per sample, each with its own derived seed (n > 1 would seed child j with
+        # seed + j); vLLM's engine splits an n > 1 request into n such child requests anyway: same work
+        rows = [ids for ids in prompt_ids for _ in range(n)]
+        self._check_context(rows, request.sampling)
+        params = [self._params(request.sampling, 1, seed) for seed in derive_seeds(request.seed, len(rows))]
+        samples = [self._sample(output.outputs[0]) for output in self._run(rows, params)]
+        return [
+            make_group(request, i, ids, samples[i * n : (i + 1) * n], tok, self.weight_version)
+            for i, ids in enumerate(prompt_ids)
         ]
-        groups: list[list[Rollout]] = []
-        for i, (ids, output) in enumerate(zip(prompt_ids, self._run(prompt_ids, params))):
-            samples = [self._sample(s) for s in output.outputs]
-            groups.append(make_group(request, i, ids, samples, tok, self.weight_version))
-        return groups
 
     def generate_ids(
         self, prompt_ids: list[list[int]], sampling: SamplingParams, seed: int | None = None
     ) -> list[tuple[list[int], list[float], FinishReason]]:
         """The token-level entry point (the agentic coordinator's): one sample per row of
-        ``prompt_ids`` (token ids, any lengths; row ``i`` seeded with ``seed + i``), as
+        ``prompt_ids`` (token ids, any lengths; row ``i`` seeded with ``derive_seed(seed, i)``), as
         ``(completion_ids, logprobs, finish_reason)``. The ids go to vLLM as they are, so earlier
         turns of an episode are never re-tokenized."""
-        params = [
-            self._params(sampling, 1, None if seed is None else seed + i) for i in range(len(prompt_ids))
-        ]
+        self._check_context(prompt_ids, sampling)
+        params = [self._params(sampling, 1, row_seed) for row_seed in derive_seeds(seed, len(prompt_ids))]
         return [self._sample(output.outputs[0]) for output in self._run(prompt_ids, params)]
+
+    def _check_context(self, rows: list[list[int]], sampling: SamplingParams) -> None:
+        limit = getattr(
+            getattr(getattr(self.llm, "llm_engine", None), "model_config", None), "max_model_len", None
+        )
+        if rows:
+            check_context(max(len(r) for r in rows), sampling.max_new_tokens, limit, "max_model_len")
 
     def _params(self, sampling: SamplingParams, n: int, seed: int | None) -> Any:
         from vllm import SamplingParams as VLLMSamplingParams
 
-        greedy = sampling.temperature == 0
-        if sampling.top_p < 1 and not greedy and not self._warned_top_p:
+        if sampling.reshapes and not self._warned_reshape:
             log.warning(
-                "vLLM engine: top_p=%s < 1, so the behaviour log-probs are those of the truncated "
-                "(renormalised) distribution, not the full temperature-scaled one the trainer recomputes",
-                sampling.top_p,
+                "vLLM engine: %s set, so the behaviour log-probs are those of the truncated / penalised "
+                "distribution, not the full temperature-scaled one the trainer recomputes",
+                ", ".join(f"{name}={getattr(sampling, name)}" for name in sampling.reshapes),
             )
-            self._warned_top_p = True
-        return VLLMSamplingParams(
-            n=n,
-            temperature=sampling.temperature,
-            top_p=1.0 if greedy else sampling.top_p,
-            max_tokens=sampling.max_new_tokens,
-            stop=list(sampling.stop) or None,
-            stop_token_ids=self.stop_ids,  # EOS (and a chat template's end of turn), kept
-            logprobs=0,  # the sampled token's log-prob only
-            seed=seed,
-            detokenize=bool(sampling.stop),  # stop strings need text; otherwise we decode
-        )
+            self._warned_reshape = True
+        kwargs = vllm_sampling_kwargs(sampling, self.stop_ids, seed, self.config.sampling_overrides)
+        kwargs["n"] = n
+        return VLLMSamplingParams(**kwargs)
 
     def _run(self, prompt_ids: list[list[int]], params: list[Any]) -> list[Any]:
         self.wake()

@@ -1,7 +1,7 @@
 """The agentic coordinator: drives multi-turn episodes inside a rollout worker, many per generation call.
 
 Who calls it
-    A :class:`~unirl_lightning.workers.group.RolloutWorker` holds one and exposes its four verbs as
+    A :class:`~unirl_lightning.workers.agentic_actor.AgenticRolloutWorker` holds one and exposes its four verbs as
     actor methods; the driver reaches them through
     :class:`~unirl_lightning.workers.agentic.WorkerEpisodeCoordinator`, which the
     :class:`~unirl_lightning.rollout.agentic.AgenticRolloutController` drives. This class implements
@@ -18,6 +18,33 @@ How a drive runs (one background thread, started by ``submit``)
     re-tokenized: the ids the engine sampled are the ids the trainer scores. An episode that ends
     becomes an :class:`~unirl_lightning.rollout.types.AgenticRollout` at once (``poll`` returns it),
     with the episode's return as its reward.
+
+Sampling seeds
+    Model turn ``t`` (0-based) of the episode whose request has seed ``s`` is sampled with
+    :func:`turn_seed` ``(s, t)``, a blake2b hash of both: no two episodes' turns share a seed, and a
+    suspended episode's later turns get the same seeds whichever drive resumes it. The engines take
+    one seed per generation call (vLLM and SGLang seed row ``i`` with ``seed + i``, HF seeds the
+    batch), so the call's seed is :func:`call_seed` of its rows' turn seeds (the row's own seed
+    when the call has one row): it depends only on which episode turns share the call, never on a
+    drive's random state.
+
+Truncated turns and the context budget (:class:`EpisodeSettings`)
+    A model turn the engine cut at ``max_new_tokens`` (finish reason ``"length"``) has no
+    end-of-turn token. In a chat episode (the initial observation was chat messages, rendered with
+    the policy's chat template) the environment still steps on its text, and then, if the episode
+    goes on, ``truncated_turn="close"`` appends the template's end of an assistant message (what
+    the template renders after an assistant message's content, e.g. ``<|im_end|>`` and a newline
+    for ChatML; ``loss_mask`` 0, log-prob 0: the model did not sample it) before the next
+    observation, so the context stays well-formed chat; ``"end"`` ends the episode there with the
+    return the environment paid so far (the sum of its step rewards, the truncated turn's step
+    included; no turn-limit reward, the built-in environments pay 0 then). Either way the turn is
+    counted (the sample's ``truncated_turns``). A raw-string episode (no chat template, e.g. the
+    compact syntax of the tiny recipes, one token per turn) has no end-of-turn token: nothing is
+    appended and nothing counted. Before every model turn an episode whose context (prompt, every
+    token so far, and ``max_new_tokens`` for the turn) would exceed ``max_context_tokens`` or the
+    engine's ``max_model_len`` (when the engine has that attribute) ends cleanly instead (its
+    return so far, ``context_limited`` set on the sample, the observation after its last model
+    turn cut off), so no generation call overflows the engine.
 
 Turn boundaries, abort and carried episodes
     ``abort()`` sets a flag the drive checks before each generation call, waits for the turn in
@@ -40,8 +67,9 @@ Environment errors
 Requirements on the engine
     ``generate_ids(prompt_ids: list[list[int]], sampling, seed) -> [(completion_ids, logprobs,
     finish_reason)]``, a ``tokenizer`` (HF: ``__call__``, ``decode``, ``apply_chat_template`` for chat
-    observations) and ``weight_version``. The HF and vLLM engines have them; others raise
-    ``NotImplementedError`` naming the engine when a coordinator is built on them.
+    observations) and ``weight_version``; optionally ``max_model_len`` (an int: the longest context
+    it serves). The HF and vLLM engines have them; others raise ``NotImplementedError`` naming the
+    engine when a coordinator is built on them.
 
 This module imports only the standard library and :mod:`unirl_lightning.envs` at import time (the
 sample record type is imported when a coordinator is built, inside the worker).
@@ -49,8 +77,8 @@ sample record type is imported when a coordinator is built, inside the worker).
 
 from __future__ import annotations
 
+import hashlib
 import logging
-import random
 import threading
 import time
 from dataclasses import dataclass, field
@@ -59,13 +87,78 @@ from typing import Any, Literal
 from unirl_lightning.envs.base import Environment, EnvStepError, Observation, safe_reset, safe_step
 from unirl_lightning.envs.spec import EnvSpec
 
-__all__ = ["EpisodeCoordinator", "EpisodeRequest", "OnEnvError", "observation_ids", "prompt_ids_of"]
+__all__ = [
+    "EpisodeCoordinator",
+    "EpisodeRequest",
+    "EpisodeSettings",
+    "OnEnvError",
+    "TruncatedTurn",
+    "call_seed",
+    "observation_ids",
+    "prompt_ids_of",
+    "turn_closing_ids",
+    "turn_seed",
+]
 
 log = logging.getLogger(__name__)
 
 OnEnvError = Literal["raise", "drop"]
 _ON_ENV_ERROR = ("raise", "drop")
+TruncatedTurn = Literal["close", "end"]
+_TRUNCATED_TURN = ("close", "end")
 _CHAT_PREFIX = [{"role": "user", "content": "."}, {"role": "assistant", "content": "."}]
+_CLOSING_PROBE = "UNIRL_TURN_CLOSING_PROBE"
+_SEED_BITS = 62  # seeds stay below 2**62: an engine may add a row index and keep them in an int64
+
+
+def turn_seed(episode_seed: int, turn: int) -> int:
+    """The sampling seed of model turn ``turn`` (0-based) of the episode seeded ``episode_seed``.
+
+    A blake2b hash of the pair (stable across processes and Python versions), in ``[0, 2**62)``:
+    distinct pairs collide with probability about ``2**-62``, and the seed of an episode's turn
+    does not depend on the drive that plays it.
+    """
+    digest = hashlib.blake2b(f"{episode_seed}/{turn}".encode(), digest_size=8, person=b"unirl-turn").digest()
+    return int.from_bytes(digest, "big") >> (64 - _SEED_BITS)
+
+
+def call_seed(seeds: list[int]) -> int:
+    """The seed of one generation call over rows with these turn seeds: the seed itself for one row,
+    otherwise a blake2b hash of them in order (in ``[0, 2**62)``)."""
+    if len(seeds) == 1:
+        return seeds[0]
+    joined = ",".join(map(str, seeds)).encode()
+    return int.from_bytes(hashlib.blake2b(joined, digest_size=8, person=b"unirl-call").digest(), "big") >> (
+        64 - _SEED_BITS
+    )
+
+
+@dataclass(frozen=True)
+class EpisodeSettings:
+    """How a coordinator plays episodes, beyond the environment and the sampling.
+
+    Attributes:
+        on_env_error: ``"raise"`` or ``"drop"`` (see the module docstring).
+        truncated_turn: a chat model turn cut at ``max_new_tokens``: ``"close"`` appends the chat
+            template's end of turn (``loss_mask`` 0) before the next observation, ``"end"`` ends the
+            episode there (see the module docstring).
+        max_context_tokens: an episode ends (cleanly, with its return so far) before a model turn
+            would take its context (prompt + every token so far + ``max_new_tokens``) past this;
+            None = only the engine's ``max_model_len``, if it has one.
+    """
+
+    on_env_error: OnEnvError = "raise"
+    truncated_turn: TruncatedTurn = "close"
+    max_context_tokens: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.on_env_error not in _ON_ENV_ERROR:
+            raise ValueError(f"on_env_error must be one of {_ON_ENV_ERROR}, got {self.on_env_error!r}")
+        if self.truncated_turn not in _TRUNCATED_TURN:
+            raise ValueError(f"truncated_turn must be one of {_TRUNCATED_TURN}, got {self.truncated_turn!r}")
+        limit = self.max_context_tokens
+        if limit is not None and (not isinstance(limit, int) or isinstance(limit, bool) or limit < 1):
+            raise ValueError(f"max_context_tokens must be None or an int >= 1, got {limit!r}")
 
 
 @dataclass(frozen=True)
@@ -119,6 +212,16 @@ def observation_ids(tokenizer: Any, observation: str, chat_role: str | None) -> 
     return list(tokenizer(full[len(base) :], add_special_tokens=False)["input_ids"])
 
 
+def turn_closing_ids(tokenizer: Any) -> list[int]:
+    """The token ids the chat template renders after an assistant message's content (its end of
+    turn, e.g. ``<|im_end|>`` and a newline for ChatML, ``<|eot_id|>`` for Llama 3): what closes a
+    model turn the token budget cut before the model sampled its end-of-turn token."""
+    exchange = [_CHAT_PREFIX[0], {"role": "assistant", "content": _CLOSING_PROBE}]
+    text = tokenizer.apply_chat_template(exchange, tokenize=False)
+    closing = text[text.rindex(_CLOSING_PROBE) + len(_CLOSING_PROBE) :]
+    return list(tokenizer(closing, add_special_tokens=False)["input_ids"]) if closing else []
+
+
 @dataclass
 class _Episode:
     """A live episode's state in the worker: its environment and every token so far."""
@@ -133,7 +236,11 @@ class _Episode:
     turn_versions: list[int] = field(default_factory=list)
     reward: float = 0.0
     tool_calls: int = 0
-    truncated: bool = False
+    truncated: bool = False  # ended by the environment's turn limit
+    cut: bool = False  # ended by a truncated turn (truncated_turn="end") or the context budget
+    truncated_turns: int = 0  # chat model turns the token budget cut (no end-of-turn token sampled)
+    context_limited: bool = False
+    model_end: int = 0  # len(ids) after the last model turn (and its closing): where a cut episode ends
     generate_s: float = 0.0
     error: str | None = None
 
@@ -145,8 +252,8 @@ class EpisodeCoordinator:
         engine: has ``generate_ids``, ``tokenizer`` and ``weight_version`` (see the module docstring).
         env: the environment spec; one environment is built per episode.
         sampling: the per-turn sampling (``max_new_tokens`` is per model turn).
-        on_env_error: ``"raise"`` (stop the drive, re-raise on the driver) or ``"drop"`` (fail that
-            episode, count it, go on).
+        settings: an :class:`EpisodeSettings`, or just its ``on_env_error``: ``"raise"`` (stop the
+            drive, re-raise on the driver) or ``"drop"`` (fail that episode, count it, go on).
 
     Example::
 
@@ -157,14 +264,16 @@ class EpisodeCoordinator:
             samples = coordinator.poll()
     """
 
-    def __init__(self, engine: Any, env: EnvSpec, sampling: Any, on_env_error: OnEnvError = "raise") -> None:
+    def __init__(
+        self, engine: Any, env: EnvSpec, sampling: Any, settings: EpisodeSettings | OnEnvError = "raise"
+    ) -> None:
         if not callable(getattr(engine, "generate_ids", None)):
             raise NotImplementedError(
                 f"agentic rollouts need the engine's token-level generate_ids(prompt_ids, sampling, seed); "
                 f"{type(engine).__name__} does not implement it yet: serve agentic modules with engine='hf', 'vllm' or 'sglang'"
             )
-        if on_env_error not in _ON_ENV_ERROR:
-            raise ValueError(f"on_env_error must be one of {_ON_ENV_ERROR}, got {on_env_error!r}")
+        if not isinstance(settings, EpisodeSettings):
+            settings = EpisodeSettings(on_env_error=settings)
         from unirl_lightning.rollout.types import AgenticRollout  # torch: only inside the worker
 
         self._sample_cls = AgenticRollout
@@ -172,7 +281,12 @@ class EpisodeCoordinator:
         self.tokenizer = engine.tokenizer
         self.env = env
         self.sampling = sampling
-        self.on_env_error: OnEnvError = on_env_error
+        self.settings = settings
+        self.on_env_error: OnEnvError = settings.on_env_error
+        self.context_limit = _context_limit(
+            settings.max_context_tokens, getattr(engine, "max_model_len", None)
+        )
+        self._closing_ids: list[int] | None = None  # the chat template's end of turn, read when first needed
         self._lock = threading.Lock()
         self._abort = threading.Event()
         self._thread: threading.Thread | None = None
@@ -182,6 +296,8 @@ class EpisodeCoordinator:
         self._suspended: dict[str, _Episode] = {}
         self.generation_calls = 0  # for tests and logs: one per turn of a drive (per max_batch_size rows)
         self.discarded = 0  # suspended episodes a later submit did not resume
+        self.truncated_turns = 0  # chat model turns the token budget cut (closed or ended)
+        self.context_limited = 0  # episodes the context budget ended
 
     # -- the coordinator contract -----------------------------------------------------------------
     @property
@@ -205,12 +321,11 @@ class EpisodeCoordinator:
         self._suspended.clear()
         resumed_ids = {episode.request.sample_id for episode in resumed}
         fresh = [_Episode(request) for request in requests if request.sample_id not in resumed_ids]
-        seed = requests[0].seed if requests else 0
         self._abort.clear()
         self._error = None
         self._running = True
         self._thread = threading.Thread(
-            target=self._drive, args=(fresh, resumed, seed), name="agentic-drive", daemon=True
+            target=self._drive, args=(fresh, resumed), name="agentic-drive", daemon=True
         )
         self._thread.start()
 
@@ -268,15 +383,14 @@ class EpisodeCoordinator:
             self._thread.join(timeout=30)
 
     # -- the drive --------------------------------------------------------------------------------
-    def _drive(self, fresh: list[_Episode], resumed: list[_Episode], seed: int) -> None:
+    def _drive(self, fresh: list[_Episode], resumed: list[_Episode]) -> None:
         live: list[_Episode] = list(resumed)
         try:
             for episode in fresh:
                 if self._start(episode):
                     live.append(episode)
-            rng = random.Random(seed)
             while live and not self._abort.is_set():  # the turn boundary: abort is honoured only here
-                live = self._turn(live, rng.randrange(2**31))
+                live = self._turn(live)
         except BaseException as error:  # noqa: BLE001 - surfaced by the next poll / abort
             log.warning("agentic drive stopped: %s: %s", type(error).__name__, error)
             with self._lock:
@@ -302,20 +416,34 @@ class EpisodeCoordinator:
         episode.prompt_ids = prompt_ids_of(self.tokenizer, observation)
         return True
 
-    def _turn(self, live: list[_Episode], seed: int) -> list[_Episode]:
-        """One model turn of every live episode (one generation call), then one environment step each."""
+    def _turn(self, live: list[_Episode]) -> list[_Episode]:
+        """One model turn of every live episode (one generation call), then one environment step each.
+
+        First, episodes whose context would outgrow the budget in this turn end (the context budget).
+        """
+        live = [episode for episode in live if self._fits(episode)]
+        if not live:
+            return []
+        seeds = [turn_seed(e.request.seed, len(e.turn_versions)) for e in live]
         start = time.perf_counter()
-        outputs = self.engine.generate_ids([e.prompt_ids + e.ids for e in live], self.sampling, seed)
+        outputs = self.engine.generate_ids(
+            [e.prompt_ids + e.ids for e in live], self.sampling, call_seed(seeds)
+        )
         share = (time.perf_counter() - start) / len(live)
         self.generation_calls += 1
         version = self.engine.weight_version
         still_live = []
-        for episode, (completion, logprobs, _finish) in zip(live, outputs):
+        for episode, (completion, logprobs, finish) in zip(live, outputs):
             episode.ids += completion
             episode.mask += [1] * len(completion)
             episode.logprobs += logprobs
             episode.turn_versions.append(version)
             episode.generate_s += share
+            cut_turn = finish == "length" and episode.chat_role is not None  # no end-of-turn token sampled
+            if cut_turn:
+                episode.truncated_turns += 1
+                self.truncated_turns += 1
+            episode.model_end = len(episode.ids)
             text = self.tokenizer.decode(completion, skip_special_tokens=True)
             try:
                 result = safe_step(episode.env, text)
@@ -328,12 +456,46 @@ class EpisodeCoordinator:
                 episode.truncated = bool(result.info.get("truncated", False))
                 self._emit(episode)
                 continue
-            observed = observation_ids(self.tokenizer, result.observation, episode.chat_role)
-            episode.ids += observed
-            episode.mask += [0] * len(observed)
-            episode.logprobs += [0.0] * len(observed)
+            if cut_turn and self.settings.truncated_turn == "end":  # the return so far, this step's included
+                episode.cut = True
+                self._emit(episode)
+                continue
+            if cut_turn:  # "close": the template's end of turn, which the model did not sample
+                self._append_context(episode, self._closing())
+                episode.model_end = len(episode.ids)
+            self._append_context(
+                episode, observation_ids(self.tokenizer, result.observation, episode.chat_role)
+            )
             still_live.append(episode)
         return still_live
+
+    def _fits(self, episode: _Episode) -> bool:
+        """True if the episode's next turn fits the context budget; otherwise end it (its return so
+        far, the observation after its last model turn cut off) and return False."""
+        limit = self.context_limit
+        if (
+            limit is None
+            or len(episode.prompt_ids) + len(episode.ids) + self.sampling.max_new_tokens <= limit
+        ):
+            return True
+        end = episode.model_end
+        del episode.ids[end:], episode.mask[end:], episode.logprobs[end:]
+        episode.cut = episode.context_limited = True
+        self.context_limited += 1
+        self._emit(episode)
+        return False
+
+    def _closing(self) -> list[int]:
+        if self._closing_ids is None:
+            self._closing_ids = turn_closing_ids(self.tokenizer)
+        return self._closing_ids
+
+    @staticmethod
+    def _append_context(episode: _Episode, ids: list[int]) -> None:
+        """Tokens the model did not sample (observations, a closing end of turn): loss_mask 0, log-prob 0."""
+        episode.ids += ids
+        episode.mask += [0] * len(ids)
+        episode.logprobs += [0.0] * len(ids)
 
     def _fail(self, episode: _Episode, error: EnvStepError) -> None:
         if self.on_env_error == "raise":
@@ -350,7 +512,7 @@ class EpisodeCoordinator:
             completion_ids=episode.ids,
             logprobs=episode.logprobs,
             reward=episode.reward,
-            finish_reason="length" if episode.truncated else "stop",
+            finish_reason="length" if episode.truncated or episode.cut else "stop",
             text=self.tokenizer.decode(episode.ids, skip_special_tokens=True),
             prompt=str(request.record.get("prompt", "")),
             loss_mask=episode.mask,
@@ -359,8 +521,18 @@ class EpisodeCoordinator:
             tool_calls=episode.tool_calls,
             turn_versions=episode.turn_versions,
             truncated=episode.truncated,
+            truncated_turns=episode.truncated_turns,
+            context_limited=episode.context_limited,
             env_error=episode.error,
             generate_s=episode.generate_s,
         )
         with self._lock:
             self._completed.append(sample)
+
+
+def _context_limit(max_context_tokens: int | None, max_model_len: Any) -> int | None:
+    """The tighter of the configured budget and the engine's ``max_model_len`` (an int >= 1, if any)."""
+    limits = [max_context_tokens] if max_context_tokens is not None else []
+    if isinstance(max_model_len, int) and not isinstance(max_model_len, bool) and max_model_len > 0:
+        limits.append(max_model_len)
+    return min(limits) if limits else None

@@ -13,7 +13,9 @@ prompt, every later token as the completion), the group is the ``num_generations
 prompt record, the reward is the episode's return, and the loss is taken only where
 ``response_mask`` is 1: the model's own tokens (``Rollout.loss_mask``), never the tool or
 environment tokens between turns, whose behaviour log-probs are 0. The trainer scores exactly the
-token ids the engine sampled. Staleness is counted from the version at which a group *completed*.
+token ids the engine sampled. Staleness is counted from the version at which a group *completed*;
+``max_turn_staleness`` also bounds the version of its oldest turn (see
+:mod:`unirl_lightning.rollout.agentic_loop`).
 """
 
 from __future__ import annotations
@@ -21,10 +23,11 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from jsonargparse.typing import PositiveInt
+from jsonargparse.typing import NonNegativeInt, PositiveInt
 
-from unirl_lightning.checks import require_choice
+from unirl_lightning.checks import require_at_least, require_choice
 from unirl_lightning.envs import EnvSpec, OnEnvError, resolve_environment
+from unirl_lightning.envs.coordinator import TruncatedTurn
 from unirl_lightning.modules.base import RolloutSpec
 from unirl_lightning.modules.grpo import GRPOModule
 from unirl_lightning.rollout.agentic import TailPolicy
@@ -46,9 +49,28 @@ class AgenticGRPOModule(GRPOModule):
         on_env_error: an environment that raises: ``"raise"`` stops the run with an
             :class:`~unirl_lightning.envs.EnvStepError` naming the environment and the record;
             ``"drop"`` fails that episode's group (counted in ``agentic/env_errors``) and goes on.
+        max_turn_staleness: the most versions an episode's *oldest* turn may lag the current weights
+            when its group is drained; older groups are evicted, never trained (counted in
+            ``agentic/turn_evicted_groups``). Groups are stamped at completion, so under
+            ``tail_policy="carry"`` ``max_staleness`` alone does not bound a carried episode's early
+            turns. None (default) = no bound on that clock.
+        truncated_turn: a model turn cut at ``max_new_tokens`` in a chat episode (the policy's chat
+            template renders the conversation) has no end-of-turn token: ``"close"`` (default)
+            appends the template's end of turn, masked out of the loss, before the next
+            observation; ``"end"`` ends the episode there with the return the environment paid so
+            far. Counted in ``agentic/truncated_turns``. Raw-string episodes (no chat template) are
+            left as they are. A module argument, not the environment's: the environment sees text,
+            the end of turn is the policy's chat template and the cut is the per-turn token budget.
+        max_context_tokens: an episode ends cleanly, with its return so far, before a model turn
+            would take its context (prompt + every token so far + ``max_new_tokens``) past this many
+            tokens, or past the engine's ``max_model_len`` when the engine has one (counted in
+            ``agentic/context_limited``). None (default) = only the engine's limit.
         **kwargs: every :class:`~unirl_lightning.modules.grpo.GRPOModule` argument but ``reward``
             (``policy``, ``num_generations``, sampling: ``max_new_tokens`` is per model turn,
-            AdamW, clipping, KL, ``ppo_epochs``/``mini_batches``, ...).
+            AdamW, the loss, clipping, KL, ``ppo_epochs``/``mini_batches``, ``micro_batch_tokens``
+            (episodes are long rows: the token budget packs them by their own length),
+            ``micro_batch_rows``, ``gradient_checkpointing``, ...); not
+            ``mask_truncated`` nor ``overlong_buffer``, whose budget is per sequence.
 
     Example::
 
@@ -63,6 +85,9 @@ class AgenticGRPOModule(GRPOModule):
         max_turns: PositiveInt | None = None,
         tail_policy: TailPolicy = "carry",
         on_env_error: OnEnvError = "raise",
+        max_turn_staleness: NonNegativeInt | None = None,
+        truncated_turn: TruncatedTurn = "close",
+        max_context_tokens: PositiveInt | None = None,
         **kwargs: Any,
     ) -> None:
         if kwargs.get("reward") is not None:
@@ -70,6 +95,15 @@ class AgenticGRPOModule(GRPOModule):
                 "AgenticGRPOModule takes no reward: the environment scores each episode (its step rewards "
                 f"summed); configure the environment's reward instead, got reward={kwargs['reward']!r}"
             )
+        for key, off in (("mask_truncated", False), ("overlong_buffer", 0)):
+            if kwargs.get(key, off) != off:
+                raise ValueError(
+                    f"{key} reads a completion's length against max_new_tokens, which is per model turn in "
+                    f"an episode (the turn limit ends episodes): leave it off, got {key}={kwargs[key]!r}"
+                )
+        max_turn_staleness = _optional_int("max_turn_staleness", max_turn_staleness, 0)
+        truncated_turn = require_choice("truncated_turn", truncated_turn, TruncatedTurn)
+        max_context_tokens = _optional_int("max_context_tokens", max_context_tokens, 1)
         super().__init__(**kwargs)
         self.reward = None  # the environment's return is the reward
         spec = resolve_environment(env, key="model.env")
@@ -81,12 +115,31 @@ class AgenticGRPOModule(GRPOModule):
         self.max_turns = spec.build().max_turns
         self.tail_policy = require_choice("tail_policy", tail_policy, TailPolicy)
         self.on_env_error = require_choice("on_env_error", on_env_error, OnEnvError)
+        self.max_turn_staleness = max_turn_staleness
+        self.truncated_turn: TruncatedTurn = truncated_turn
+        self.max_context_tokens = max_context_tokens
 
     def rollout_spec(self) -> RolloutSpec:
-        agentic = AgenticSpec(env=self.env, tail_policy=self.tail_policy, on_env_error=self.on_env_error)
+        agentic = AgenticSpec(
+            env=self.env,
+            tail_policy=self.tail_policy,
+            on_env_error=self.on_env_error,
+            max_turn_staleness=self.max_turn_staleness,
+            truncated_turn=self.truncated_turn,
+            max_context_tokens=self.max_context_tokens,
+        )
         return replace(super().rollout_spec(), reward=None, agentic=agentic)
 
     def eval_sampling(self, temperature: float) -> Any:
         """Held-out episodes (``RolloutEvalCallback``) sample like training (per-turn budget, stop
         strings) at ``temperature``."""
         return replace(self.sampling, temperature=temperature)
+
+
+def _optional_int(key: str, value: Any, minimum: int) -> int | None:
+    """None, or an int ``>= minimum`` (``ValueError`` naming ``key`` otherwise)."""
+    if value is None:
+        return None
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise ValueError(f"{key} must be None or an int >= {minimum}, got {value!r}")
+    return int(require_at_least(key, value, minimum))

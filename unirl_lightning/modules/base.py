@@ -12,6 +12,21 @@ gradient clipping through Lightning, the frozen reference policy for a KL term, 
 logging. A subclass supplies two things in the order they run: :meth:`prepare_batch` (advantages
 and anything else computed once per batch, without gradients) and :meth:`minibatch_loss` (the
 loss of one mini-batch and its metrics).
+
+Micro-batches: every mini-batch may be split into micro-batches of rows (``micro_batch_rows``; a
+causal-LM module also packs rows by a token budget) whose gradients accumulate inside the one
+optimizer step. A micro-batch's loss is scaled by its share of the mini-batch's normaliser
+(:meth:`~PolicyGradientModule.loss_units` over :meth:`~PolicyGradientModule.loss_normalizer`), so
+the mini-batch's loss is exactly the sum of its micro-batches' contributions, and its metrics are
+combined as the mini-batch's would be (sums for the aggregated losses, weighted means for the
+rest, see :meth:`~PolicyGradientModule.combine_micro_metrics`). Under DDP only the last backward of
+a mini-batch reduces the gradients.
+
+Precision: a module whose :attr:`~PolicyGradientModule.compute_dtype` is bf16/fp16 (a causal-LM
+policy loaded in bf16) trains mixed precision: at ``setup`` every trainable parameter becomes a
+float32 master (so AdamW and its state are float32, and updates below bf16 resolution are kept),
+while the frozen ones (KL reference, LoRA base weights) stay in the low dtype; forwards run under
+:meth:`~PolicyGradientModule.autocast`, and weight pushes cast back to the serving dtype.
 """
 
 from __future__ import annotations
@@ -26,19 +41,24 @@ from typing import Any
 import torch
 from lightning.pytorch import LightningModule
 from lightning.pytorch.callbacks import Callback, RichProgressBar, TQDMProgressBar
+from lightning.pytorch.strategies import ParallelStrategy
 
 from unirl_lightning.callbacks import (
     CheckpointOnExit,
     RLProgressBar,
     RLRichProgressBar,
+    TimelineWriter,
     WeightSyncCallback,
     WeightVersionLogger,
 )
 from unirl_lightning.checks import require_at_least
 from unirl_lightning.rollout.agentic_loop import AgenticSpec
-from unirl_lightning.rollout.loop import RolloutOrder
 from unirl_lightning.rollout.types import PolicyFamily
 from unirl_lightning.sharding import full_tensor
+from unirl_lightning.weight_sync.base import set_serving_dtype
+
+LOW_PRECISION_DTYPES = (torch.bfloat16, torch.float16)
+"""Compute dtypes that get float32 master weights."""
 
 
 @dataclass
@@ -53,10 +73,8 @@ class RolloutSpec:
         sampling: the engine's sampling parameters (``SamplingParams`` / ``DiffusionSampling``).
         collate: ``collate(groups) -> batch`` of the module's batch type.
         family: ``"token"`` (causal LMs) or ``"diffusion"``; ``engine="auto"`` serves it with the
-            family's default engine.
-        order: ``"launch_first"`` or ``"poll_first"`` (see :mod:`unirl_lightning.rollout.loop`).
-        max_inflight: the most requests this module allows in flight (None = no limit), and
-            ``max_inflight_reason`` why; the strategy refuses a larger ``max_inflight``.
+            family's default engine, and the family's runtime schedules its requests
+            (:data:`unirl_lightning.runtime.batch.SCHEDULING`).
         agentic: multi-turn episodes (:class:`~unirl_lightning.rollout.agentic_loop.AgenticSpec`:
             environment, tail policy, environment errors); the strategy then drives an
             :class:`~unirl_lightning.rollout.agentic_loop.AgenticRolloutLoop`. None = single-turn.
@@ -69,9 +87,6 @@ class RolloutSpec:
     sampling: Any
     collate: Callable[[list[list[Any]]], Any]
     family: PolicyFamily = "token"
-    order: RolloutOrder = "launch_first"
-    max_inflight: int | None = None
-    max_inflight_reason: str = ""
     agentic: AgenticSpec | None = None
 
 
@@ -91,7 +106,7 @@ class RLModule(LightningModule):
 
     def default_callbacks(self) -> list[Callback]:
         """The callbacks this module runs with unless the trainer has one of the same type."""
-        return [WeightSyncCallback(), WeightVersionLogger(), CheckpointOnExit()]
+        return [WeightSyncCallback(), WeightVersionLogger(), CheckpointOnExit(), TimelineWriter()]
 
     optimizer_steps_per_batch: int = 1
     """Optimizer steps per RL step (``trainer.max_steps`` counts optimizer steps)."""
@@ -109,9 +124,82 @@ class RLModule(LightningModule):
         return callbacks
 
 
+def upcast_trainable_parameters(module: torch.nn.Module) -> int:
+    """Make every trainable low-precision (bf16/fp16) parameter of ``module`` a float32 master, in
+    place (the ``Parameter`` objects stay: ties and references hold). Frozen parameters keep their
+    dtype. Idempotent; returns how many parameters were upcast."""
+    count = 0
+    for param in module.parameters():
+        if param.requires_grad and param.dtype in LOW_PRECISION_DTYPES:
+            param.data = param.data.float()
+            count += 1
+    return count
+
+
 def select_rows(context: dict[str, Any], rows: torch.Tensor) -> dict[str, Any]:
     """Every tensor of ``context`` restricted to ``rows`` (other values as they are)."""
     return {k: v[rows] if isinstance(v, torch.Tensor) else v for k, v in context.items()}
+
+
+def distributed_world_size() -> int:
+    """The size of the default process group (what Lightning's DDP / FSDP strategies set up); 1
+    when ``torch.distributed`` is not initialized."""
+    dist = torch.distributed
+    return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+
+
+def global_token_count(local: torch.Tensor, device: torch.device | str | None = None) -> torch.Tensor:
+    """``local`` (a count, e.g. this rank's loss tokens) summed over the ranks of the default process
+    group (one all-reduce), as a float64 scalar on ``device`` (default: ``local``'s; it must be the
+    training backend's device: NCCL reduces CUDA tensors only). Without ``torch.distributed``, or on
+    one rank, ``local`` as it is (in float64)."""
+    total = local.detach().to(device=device or local.device, dtype=torch.float64).clone()
+    if distributed_world_size() > 1:
+        torch.distributed.all_reduce(total, op=torch.distributed.ReduceOp.SUM)
+    return total
+
+
+def max_over_ranks(value: int, device: torch.device | str) -> int:
+    """The largest ``value`` over the ranks of the default process group (one all-reduce on
+    ``device``); ``value`` itself on one rank."""
+    if distributed_world_size() == 1:
+        return value
+    largest = torch.tensor([value], dtype=torch.long, device=device)
+    torch.distributed.all_reduce(largest, op=torch.distributed.ReduceOp.MAX)
+    return int(largest.item())
+
+
+def pack_rows_by_tokens(widths: list[int], max_tokens: int, max_rows: int | None = None) -> list[list[int]]:
+    """Row indices packed into micro-batches whose padded size ``rows x longest row`` stays within
+    ``max_tokens`` (and at most ``max_rows`` rows each), at least one row each: the rows are taken
+    longest first and added to the current micro-batch while it fits (greedy). Each micro-batch
+    lists its rows in ascending order; the micro-batches come longest first (the peak memory first)."""
+    order = sorted(range(len(widths)), key=lambda i: -widths[i])  # stable: ties keep their order
+    parts: list[list[int]] = []
+    current: list[int] = []
+    for i in order:
+        longest = widths[current[0]] if current else widths[i]  # longest first: the first is the widest
+        full = max_rows is not None and len(current) >= max_rows
+        if current and (full or (len(current) + 1) * longest > max_tokens):
+            parts.append(sorted(current))
+            current = []
+        current.append(i)
+    if current:
+        parts.append(sorted(current))
+    return parts
+
+
+def split_to_count(parts: list[list[int]], count: int) -> list[list[int]]:
+    """``parts`` split until there are ``count`` of them (each split halves the part with the most rows,
+    so every budget still holds), or until every part has one row."""
+    parts = [list(p) for p in parts]
+    while len(parts) < count:
+        widest = max(range(len(parts)), key=lambda i: len(parts[i]))
+        rows = parts[widest]
+        if len(rows) < 2:
+            break
+        parts[widest : widest + 1] = [rows[: len(rows) // 2], rows[len(rows) // 2 :]]
+    return parts
 
 
 class PolicyGradientModule(RLModule):
@@ -124,6 +212,10 @@ class PolicyGradientModule(RLModule):
         max_grad_norm: gradient clipping by norm through Lightning (``clip_gradients``); 0 = off.
         kl_coef: weight of a KL term to the reference policy (the initial weights; with LoRA the
             adapter-free model); 0 = no reference is kept.
+        micro_batch_rows: split every mini-batch into micro-batches of at most this many rows (every
+            forward and backward, the no-grad recomputes included), accumulating their gradients into
+            the mini-batch's one optimizer step; None = one micro-batch (the whole mini-batch). The
+            loss, the gradients and the logged metrics are those of the whole mini-batch.
 
     A subclass sets ``self.policy`` (the trained ``nn.Module``) and ``self.lora`` in its
     ``__init__`` and implements :meth:`prepare_batch` and :meth:`minibatch_loss`; one that needs
@@ -139,9 +231,12 @@ class PolicyGradientModule(RLModule):
         mini_batches: int,
         max_grad_norm: float,
         kl_coef: float,
+        micro_batch_rows: int | None = None,
     ) -> None:
         super().__init__()
         require_at_least("lr", lr, 0)
+        if micro_batch_rows is not None:
+            require_at_least("micro_batch_rows", micro_batch_rows, 1)
         require_at_least("ppo_epochs", ppo_epochs, 1)
         require_at_least("mini_batches", mini_batches, 1)
         require_at_least("max_grad_norm", max_grad_norm, 0)
@@ -150,11 +245,13 @@ class PolicyGradientModule(RLModule):
         self.ppo_epochs, self.mini_batches = ppo_epochs, mini_batches
         self.max_grad_norm = max_grad_norm
         self.kl_coef = kl_coef
+        self.micro_batch_rows = micro_batch_rows
         self.optimizer_steps_per_batch = ppo_epochs * mini_batches
         self.lora: Any = None
         self.ref_policy: torch.nn.Module | None = None
         self.first_minibatch = True
         self._last_step_end: float | None = None
+        self.last_advantages: torch.Tensor | None = None
         self.last_step_metrics: dict[str, torch.Tensor] = {}
         self.last_logged_metrics: dict[str, float] = {}
         self._rl_steps = 0
@@ -172,10 +269,127 @@ class PolicyGradientModule(RLModule):
         raise NotImplementedError
 
     def backward_minibatch(self, minibatch: Any, context: dict[str, Any]) -> dict[str, torch.Tensor]:
-        """Backward pass(es) of one mini-batch; returns its metrics, ``loss`` included."""
-        loss, metrics = self.minibatch_loss(minibatch, context)
-        self.manual_backward(loss)
-        return {**metrics, "loss": loss.detach()}
+        """Backward pass(es) of one mini-batch, one per micro-batch (:meth:`micro_batches`), each
+        micro-batch's loss scaled by its share of the mini-batch's normaliser; returns the mini-batch's
+        metrics, ``loss`` included (:meth:`combine_micro_metrics`)."""
+        parts = self.micro_batches(minibatch)
+        normalizer = self.loss_normalizer(minibatch, context)
+        results = []
+        for i, rows in enumerate(parts):
+            micro, micro_context = self.micro_view(minibatch, context, rows, len(parts))
+            scale = self.micro_scale(micro, micro_context, normalizer)
+            loss, metrics = self.minibatch_loss(micro, micro_context)
+            with self.gradient_sync(i == len(parts) - 1):
+                self.manual_backward(loss * scale.to(loss.dtype))
+            results.append(({**metrics, "loss": loss.detach()}, scale, micro, micro_context))
+        return self.combine_micro_metrics(results)
+
+    # -- micro-batches --------------------------------------------------------------------------
+    SUMMED_METRICS = frozenset({"loss", "pg_loss", "vf_loss"})
+    """Metrics that are aggregated losses: a mini-batch's is the sum of its micro-batches' scaled ones."""
+    MAX_METRICS = frozenset({"ratio_dev_max"})
+    """Metrics that are maxima over the rows: a mini-batch's is the largest of its micro-batches'."""
+
+    def pack_micro_batches(self, batch: Any) -> list[list[int]]:
+        """The rows of ``batch`` (indices) of each micro-batch: consecutive runs of
+        ``micro_batch_rows``, or all rows in one. A subclass may pack otherwise (by tokens)."""
+        n = batch.num_rows
+        size = self.micro_batch_rows or max(n, 1)
+        return [list(range(start, min(start + size, n))) for start in range(0, n, size)] or [[]]
+
+    def micro_batches(self, batch: Any) -> list[torch.Tensor]:
+        """Row-index tensors of the micro-batches of ``batch`` (:meth:`pack_micro_batches`). With
+        several ranks every rank gets as many micro-batches (the most any rank packed; one all-reduce,
+        made only when micro-batches are on): a sharded model all-gathers in every forward, so the
+        ranks must run the same number of them."""
+        parts = self.pack_micro_batches(batch)
+        if self.micro_batching and self.data_parallel_size() > 1:
+            parts = split_to_count(parts, max_over_ranks(len(parts), self.device))
+        device = batch.rewards.device
+        return [torch.tensor(p, dtype=torch.long, device=device) for p in parts]
+
+    @property
+    def micro_batching(self) -> bool:
+        """Whether mini-batches are split into micro-batches at all."""
+        return self.micro_batch_rows is not None
+
+    def micro_view(
+        self, batch: Any, context: dict[str, Any], rows: torch.Tensor, num_parts: int
+    ) -> tuple[Any, dict[str, Any]]:
+        """Micro-batch ``rows`` of ``batch`` with its context (the whole of them when it is the only one)."""
+        if num_parts == 1 and len(rows) == batch.num_rows:
+            return batch, context
+        return batch.select(rows), select_rows(context, rows)
+
+    def loss_units(self, batch: Any, context: dict[str, Any]) -> torch.Tensor:
+        """What the loss of ``batch`` is a mean over (here its rows), as a float scalar tensor."""
+        return torch.tensor(float(batch.num_rows), device=batch.rewards.device)
+
+    def loss_normalizer(self, minibatch: Any, context: dict[str, Any]) -> torch.Tensor:
+        """The normaliser of a mini-batch's loss, shared by its micro-batches (here its
+        :meth:`loss_units`, at least 1)."""
+        return self.loss_units(minibatch, context).clamp(min=1)
+
+    def micro_scale(self, micro: Any, context: dict[str, Any], normalizer: torch.Tensor) -> torch.Tensor:
+        """The factor of a micro-batch's loss: its :meth:`loss_units` over the mini-batch's normaliser
+        (exactly 1 for the whole mini-batch on one rank)."""
+        return (self.loss_units(micro, context) / normalizer).to(torch.float32)
+
+    def metric_weight(self, batch: Any, context: dict[str, Any], key: str) -> torch.Tensor:
+        """What metric ``key`` of ``batch`` is a mean over, to combine micro-batches (here its rows)."""
+        return self.loss_units(batch, context)
+
+    def combine_micro_metrics(
+        self, results: list[tuple[dict[str, torch.Tensor], torch.Tensor, Any, dict[str, Any]]]
+    ) -> dict[str, torch.Tensor]:
+        """The mini-batch's metrics from its micro-batches' ``(metrics, scale, batch, context)``: the
+        :attr:`SUMMED_METRICS` as the sum of the scaled micro-batch values (the loss that was
+        backpropagated), the :attr:`MAX_METRICS` as the largest, every other one as the mean of the
+        micro-batch values weighted by :meth:`metric_weight` (a token mean stays a token mean)."""
+        if len(results) == 1:
+            metrics, scale, _, _ = results[0]
+            return {k: v * scale if k in self.SUMMED_METRICS else v for k, v in metrics.items()}
+        combined = {}
+        for key in results[0][0]:
+            values = torch.stack([m[key].float() for m, _, _, _ in results])
+            if key in self.SUMMED_METRICS:
+                combined[key] = (values * torch.stack([s for _, s, _, _ in results])).sum()
+            elif key in self.MAX_METRICS:
+                combined[key] = values.max()
+            else:
+                weights = torch.stack([self.metric_weight(b, c, key).float() for _, _, b, c in results])
+                combined[key] = (values * weights).sum() / weights.sum().clamp(min=1)
+        return combined
+
+    def gradient_sync(self, enabled: bool) -> contextlib.AbstractContextManager:
+        """A no-op context when ``enabled`` (or without a trainer); otherwise the strategy's
+        ``block_backward_sync`` (DDP's ``no_sync``: the gradients of the backward run under it
+        accumulate locally and are reduced, with the rest, by the mini-batch's last backward).
+        FSDP2 reduce-scatters every backward (its gradients stay sharded)."""
+        strategy = self._trainer.strategy if self._trainer is not None else None
+        if enabled or not isinstance(strategy, ParallelStrategy):
+            return contextlib.nullcontext()
+        return strategy.block_backward_sync()
+
+    def data_parallel_size(self) -> int:
+        """The number of data-parallel ranks: the trainer's world size, or without a trainer the
+        default process group's (1 without ``torch.distributed``)."""
+        if self._trainer is not None:
+            return self.trainer.world_size
+        return distributed_world_size()
+
+    # -- precision ------------------------------------------------------------------------------
+    compute_dtype: torch.dtype | None = None
+    """The low-precision dtype forwards run in over float32 master weights (bf16/fp16), or None:
+    compute in the parameters' own dtype. A subclass derives it from its policy spec."""
+
+    def autocast(self, device_type: str | None = None) -> contextlib.AbstractContextManager:
+        """``torch.autocast`` to :attr:`compute_dtype` on ``device_type`` (default: the module's
+        device); a no-op context when :attr:`compute_dtype` is None. Wrap forwards only (not
+        ``backward``, not the loss math)."""
+        if self.compute_dtype is None:
+            return contextlib.nullcontext()
+        return torch.autocast(device_type=device_type or self.device.type, dtype=self.compute_dtype)
 
     # -- shared machinery -----------------------------------------------------------------------
     def configure_optimizers(self) -> torch.optim.Optimizer:
@@ -183,9 +397,15 @@ class PolicyGradientModule(RLModule):
         return torch.optim.AdamW(params, lr=self.lr, weight_decay=self.weight_decay, betas=self.betas)
 
     def setup(self, stage: str) -> None:
-        # the KL reference: a frozen copy of the initial policy (with LoRA: the same model, adapters off)
+        # the KL reference: a frozen copy of the initial policy (with LoRA: the same model, adapters
+        # off), taken before the masters are upcast, so it stays in the policy's own (low) dtype
         if self.kl_coef > 0 and self.lora is None and self.ref_policy is None:
             self.ref_policy = copy.deepcopy(self.policy).requires_grad_(False).eval()
+        # Lightning calls setup before configure_model (FSDP2 sharding) and before configure_optimizers
+        if self.compute_dtype in LOW_PRECISION_DTYPES:
+            upcast_trainable_parameters(self)
+            if self.lora is None:  # full weights are pushed in the dtype the engines serve (LoRA
+                set_serving_dtype(self.policy, self.compute_dtype)  # adapters: as held, float32)
 
     @contextlib.contextmanager
     def reference_policy(self) -> Iterator[torch.nn.Module]:
@@ -222,7 +442,16 @@ class PolicyGradientModule(RLModule):
         context = self.prepare_batch(batch)
         first = self.update(batch, context)
         self.last_step_metrics = first  # this rank's own figures (the logged ones are means over ranks)
+        self.last_advantages = context.get("advantages")  # what the step trained on (CompletionLogger)
         end = time.perf_counter()
+        # the strategy's timeline, when it has one (duck-typed: a module never imports the strategy)
+        timeline = getattr(
+            getattr(self._trainer and self._trainer.strategy, "runtime", None), "timeline", None
+        )
+        if timeline is not None:
+            timeline.span(
+                "train_step", time.time() - (end - start), time.time(), cat="train", rows=batch.num_rows
+            )
         n = batch.num_rows
         metrics: dict[str, Any] = {
             **batch.stats,
@@ -248,7 +477,8 @@ class PolicyGradientModule(RLModule):
         (``self.log`` costs about a millisecond of bookkeeping per key). With several ranks every
         figure is the mean over the ranks (one all-reduce). ``last_logged_metrics`` keeps them all."""
         names = sorted(metrics)
-        values = torch.tensor([float(metrics[k]) for k in names], dtype=torch.float64)
+        # on the module's device: the reduction runs on the training backend (NCCL reduces CUDA tensors only)
+        values = torch.tensor([float(metrics[k]) for k in names], dtype=torch.float64, device=self.device)
         if self.trainer.world_size > 1:
             values = self.trainer.strategy.reduce(values, reduce_op="mean")
         reduced = dict(zip(names, values.tolist()))

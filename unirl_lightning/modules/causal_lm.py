@@ -2,14 +2,17 @@
 
 The policy (built from its spec, optionally wrapped in LoRA adapters), the sampling, the trainer's
 log-probs of the sampled tokens at the sampling temperature, the reference log-probs for a KL
-term, and the token-level PPO-clip loss with its off-policy handling:
+term, and the policy loss (PPO-clip per token or per sequence, or CISPO; KL, entropy bonus,
+overlong handling) with its off-policy handling:
 
 * ``old_logprob="rollout"`` (default): the PPO ratio is taken against the behaviour log-probs the
   engine recorded, so clipping bounds the update relative to the policy that actually generated
   the data, stale or not.
 * ``old_logprob="recompute"``: the ratio is taken against the trainer's own log-probs before the
   update (decoupled PPO) and, with ``tis_cap``, every token is reweighted by the truncated
-  importance weight ``min(pi_trainer / pi_rollout, tis_cap)``.
+  importance weight ``min(pi_trainer / pi_rollout, tis_cap)``; or, with ``sequence_mask_cap``,
+  every sequence by its ratio ``pi_trainer / pi_rollout`` over the whole sequence, and dropped
+  when that leaves ``[1 / cap, cap]`` (sequence-level masked importance sampling).
 
 Subclasses (:class:`~unirl_lightning.modules.grpo.GRPOModule`,
 :class:`~unirl_lightning.modules.ppo.PPOModule`) add their advantages.
@@ -19,24 +22,39 @@ from __future__ import annotations
 
 import functools
 import inspect
+import math
+from collections.abc import Callable
+from dataclasses import replace
 from typing import Any, Literal
 
 import torch
 
 from unirl_lightning.algorithms import (
     LossAggregation,
+    PolicyLoss,
+    RatioLevel,
+    cispo_loss,
     entropy_from_logits,
     kl_penalty,
     masked_mean,
+    overlong_penalty,
     ppo_clip_loss,
+    sequence_masked_importance_weights,
     token_logprobs,
+    truncated_completions,
     truncated_importance_weights,
 )
 from unirl_lightning.algorithms.kl import KLEstimator
-from unirl_lightning.checks import require_at_least, require_choice, require_in_range
+from unirl_lightning.checks import require_at_least, require_choice, require_in_range, require_positive
 from unirl_lightning.lora import LLM_LORA_TARGETS, LoraSpec, apply_lora, unwrapped
 from unirl_lightning.models import PretrainedCausalLM, TinyCausalLM
-from unirl_lightning.modules.base import PolicyGradientModule, RolloutSpec
+from unirl_lightning.modules.base import (
+    LOW_PRECISION_DTYPES,
+    PolicyGradientModule,
+    RolloutSpec,
+    global_token_count,
+    pack_rows_by_tokens,
+)
 from unirl_lightning.rewards import ExactMatchReward, Reward, resolve_reward
 from unirl_lightning.rollout.types import ExperienceBatch, SamplingParams
 from unirl_lightning.sharding import shard_children
@@ -45,7 +63,7 @@ OldLogprob = Literal["rollout", "recompute"]
 
 
 class CausalLMModule(PolicyGradientModule):
-    """A causal-LM policy trained with a token-level PPO-clip loss (see the module docstring).
+    """A causal-LM policy trained with a PPO-clip or CISPO loss (see the module docstring).
 
     Args:
         policy: what to train; also what every rollout engine builds before weights are pushed.
@@ -54,14 +72,64 @@ class CausalLMModule(PolicyGradientModule):
         lora: train ``peft`` LoRA adapters instead of all weights; only adapters are pushed.
         num_generations: completions per prompt (the group size).
         temperature / top_p / max_new_tokens: sampling; log-probs are recomputed at ``temperature``.
+        top_k / min_p / repetition_penalty / stop: more sampling (0 / 0.0 / 1.0 / [] = off): top-k and
+            min-p truncation, CTRL's repetition penalty, stop strings; every engine applies them (see
+            :class:`~unirl_lightning.rollout.types.SamplingParams` for the log-probs under them).
+            ``max_new_tokens`` plus the longest prompt must fit the policy's positions.
         lr / weight_decay / betas: AdamW.
+        loss: ``"ppo"`` (clipped surrogate) or ``"cispo"`` (MiniMax-M1: ``-sg(min(r, cispo_cap)) * A *
+            logp``, a gradient for every token; token level, without ``clip_ratio_c``; the clip
+            range is unused).
         clip_low / clip_high: PPO clip range ``[1 - clip_low, 1 + clip_high]`` (clip-higher: 0.28).
+        clip_ratio_c: dual-clip (Ye et al. 2020, verl's ``clip_ratio_c``): the loss of a token with
+            ``A < 0`` is at most ``-A * clip_ratio_c``, so a stale token with a huge ratio cannot
+            dominate the update; ``> 1``, None = off. Only ratios above it change the loss. Defined for
+            ``loss="ppo"`` at ``ratio_level="token"``: set it to None with ``"cispo"`` or ``"sequence"``.
+        ratio_level: ``"token"`` (PPO) or ``"sequence"`` (GSPO, Zheng et al. 2025: the geometric mean of
+            the sequence's token ratios, clipped per sequence; use its small clip range, e.g.
+            ``clip_low=3e-4``, ``clip_high=4e-4``, with ``loss_aggregation="seq-mean-token-mean"`` as
+            in the paper). Needs one advantage per sequence (not PPOModule's GAE).
+        cispo_cap: the largest CISPO importance weight (TRL's ``epsilon_high`` under ``"cispo"``,
+            ScaleRL's ``eps_max``; MiniMax-M1's ``1 + eps_high``), ``>= 1``; read only with ``"cispo"``.
         loss_aggregation: ``"token-mean"``, ``"seq-mean-token-mean"`` or ``"seq-mean-token-sum-norm"``.
+            ``"token-mean"`` is the global token mean over the ranks (DAPO; TRL's ``"dapo"``): each
+            mini-batch's token count is summed over the data-parallel ranks (one all-reduce) and every
+            rank's loss is its token sum over that count times the world size, so that after the
+            gradient averaging of DDP / FSDP2 the gradient is the one-rank gradient of the union of
+            the ranks' rows. The ``seq-mean-*`` ones divide by the mini-batch's rows on each rank.
         kl_coef / kl_estimator: KL to a frozen copy of the initial policy (``"k1"``, ``"k2"``, ``"k3"``).
+        entropy_coef: entropy bonus, ``loss -= entropy_coef * aggregated entropy`` (aggregated like the
+            loss, verl's ``entropy_coeff``), ``>= 0``. Non-zero costs a pass over the vocabulary with
+            gradient on every mini-batch; at 0 the entropy is only logged, without gradient.
         old_logprob: ``"rollout"`` or ``"recompute"`` (see the module docstring).
         tis_cap: truncated importance-sampling cap (``old_logprob="recompute"`` only); None = off.
+        sequence_mask_cap: sequence-level masked importance sampling (TRL
+            ``vllm_importance_sampling_mode="sequence_mask"``): each sequence is weighted by its ratio
+            ``exp(sum_t (trainer_logp - rollout_logp))``, and left out of the loss when that leaves
+            ``[1 / cap, cap]`` (logged as ``mismatch_masked_fraction``); ``> 1``, None = off.
+            ``old_logprob="recompute"`` only, and not with ``tis_cap``.
+        mask_truncated: leave the completions the token budget cut off out of the loss (DAPO's
+            overlong filtering; their rewards still count in the group's advantages). A completion
+            is truncated when it has ``max_new_tokens`` tokens and its last one is no stop token
+            (EOS, end of turn).
+        overlong_buffer / overlong_penalty: DAPO's soft overlong punishment, added to the reward
+            before the advantages: 0 up to ``max_new_tokens - overlong_buffer`` tokens, then falling
+            linearly to ``-overlong_penalty`` at ``max_new_tokens``. ``overlong_buffer`` in
+            ``[0, max_new_tokens]``, 0 = off; ``overlong_penalty >= 0``.
         ppo_epochs / mini_batches: passes over each rollout batch and optimizer steps per pass.
         max_grad_norm: gradient clipping through Lightning (``clip_gradients``); 0 = off.
+        micro_batch_tokens: split every forward and backward (the no-grad recompute of the old and
+            reference log-probs, the loss, the critic) into micro-batches of rows whose padded size,
+            ``rows x longest row``, stays within this many tokens (at least one row each; rows are
+            packed longest first, and each micro-batch is cut to its longest row). Gradients
+            accumulate into the mini-batch's one optimizer step; the loss, gradients and logged
+            metrics are the whole mini-batch's. None = no token budget.
+        micro_batch_rows: at most this many rows per micro-batch (alone, or with
+            ``micro_batch_tokens``); None = no row limit.
+        gradient_checkpointing: recompute every transformer block's activations in the backward
+            instead of keeping them (``transformers``' ``gradient_checkpointing_enable`` with
+            ``use_reentrant=False``, on the policy and on a critic's backbone); the gradients are
+            the same. Composes with FSDP2 sharding (the blocks stay the modules that are sharded).
     """
 
     def __init__(
@@ -73,45 +141,92 @@ class CausalLMModule(PolicyGradientModule):
         temperature: float = 1.0,
         top_p: float = 1.0,
         max_new_tokens: int = 16,
+        top_k: int = 0,
+        min_p: float = 0.0,
+        repetition_penalty: float = 1.0,
+        stop: list[str] | None = None,
         lr: float = 1e-5,
         weight_decay: float = 0.0,
         betas: tuple[float, float] = (0.9, 0.999),
+        loss: PolicyLoss = "ppo",
         clip_low: float = 0.2,
         clip_high: float = 0.2,
+        clip_ratio_c: float | None = 3.0,
+        ratio_level: RatioLevel = "token",
+        cispo_cap: float = 5.0,
         loss_aggregation: LossAggregation = "token-mean",
         kl_coef: float = 0.0,
         kl_estimator: KLEstimator = "k3",
+        entropy_coef: float = 0.0,
         old_logprob: OldLogprob = "rollout",
         tis_cap: float | None = None,
+        sequence_mask_cap: float | None = None,
+        mask_truncated: bool = False,
+        overlong_buffer: int = 0,
+        overlong_penalty: float = 1.0,
         ppo_epochs: int = 1,
         mini_batches: int = 1,
         max_grad_norm: float = 1.0,
+        micro_batch_tokens: int | None = None,
+        micro_batch_rows: int | None = None,
+        gradient_checkpointing: bool = False,
     ) -> None:
-        super().__init__(lr, weight_decay, betas, ppo_epochs, mini_batches, max_grad_norm, kl_coef)
+        super().__init__(
+            lr, weight_decay, betas, ppo_epochs, mini_batches, max_grad_norm, kl_coef, micro_batch_rows
+        )
+        if micro_batch_tokens is not None:
+            require_at_least("micro_batch_tokens", micro_batch_tokens, 1)
+        self.micro_batch_tokens = micro_batch_tokens
+        self.gradient_checkpointing = bool(gradient_checkpointing)
         require_at_least("num_generations", num_generations, 1)
         if not temperature > 0:
             raise ValueError(f"temperature must be > 0 for training rollouts, got {temperature!r}")
         require_in_range("clip_low", clip_low, 0, 1, high_open=True)
         require_at_least("clip_high", clip_high, 0)
+        self.loss_type = require_choice("loss", loss, PolicyLoss)
+        self.ratio_level = require_choice("ratio_level", ratio_level, RatioLevel)
+        check_loss_combination(loss, ratio_level, clip_ratio_c)
+        require_at_least("cispo_cap", cispo_cap, 1)
         self.loss_aggregation = require_choice("loss_aggregation", loss_aggregation, LossAggregation)
         self.kl_estimator = require_choice("kl_estimator", kl_estimator, KLEstimator)
+        require_at_least("entropy_coef", entropy_coef, 0)
         self.old_logprob = require_choice("old_logprob", old_logprob, OldLogprob)
-        if tis_cap is not None and old_logprob != "recompute":
-            raise ValueError(
-                f"tis_cap needs old_logprob='recompute' (the weights are pi_trainer / pi_rollout), got "
-                f"old_logprob={old_logprob!r}"
-            )
+        check_mismatch_correction(old_logprob, tis_cap, sequence_mask_cap)
+        require_in_range("overlong_buffer", overlong_buffer, 0, max_new_tokens)
+        require_at_least("overlong_penalty", overlong_penalty, 0)
         self.save_hyperparameters(ignore=["policy", "reward", "lora"])
         self.policy_spec = policy or TinyCausalLM()
         self.policy, self.tokenizer = self.policy_spec.build()
         self.lora = lora
         if lora is not None:  # only the adapters train, and only they are pushed to the engines
             self.policy = apply_lora(self.policy, lora, LLM_LORA_TARGETS)
+        if self.gradient_checkpointing:
+            enable_gradient_checkpointing(self.policy)
         self.reward = resolve_reward(reward) if reward is not None else ExactMatchReward()
-        self.sampling = SamplingParams(temperature=temperature, top_p=top_p, max_new_tokens=max_new_tokens)
+        self.sampling = SamplingParams(
+            temperature=temperature,
+            top_p=top_p,
+            max_new_tokens=max_new_tokens,
+            stop=tuple(stop or ()),
+            top_k=top_k,
+            min_p=min_p,
+            repetition_penalty=repetition_penalty,
+        )
+        positions = getattr(getattr(self.policy, "config", None), "max_position_embeddings", None)
+        if isinstance(positions, int) and max_new_tokens >= positions:  # a prompt takes at least one
+            raise ValueError(
+                f"max_new_tokens={max_new_tokens} does not fit the policy's max_position_embeddings={positions} "
+                "(the prompt needs positions too): lower max_new_tokens"
+            )
         self.num_generations = num_generations
         self.clip_low, self.clip_high = clip_low, clip_high
-        self.tis_cap = tis_cap
+        self.clip_ratio_c, self.cispo_cap = clip_ratio_c, cispo_cap
+        self.entropy_coef = entropy_coef
+        self.tis_cap, self.sequence_mask_cap = tis_cap, sequence_mask_cap
+        self.mask_truncated = mask_truncated
+        self.overlong_buffer, self.overlong_penalty = overlong_buffer, overlong_penalty
+        # what ends a completion: a full-budget completion without one of these was cut off
+        self.stop_ids = tuple(self.policy_spec.stop_ids(self.tokenizer)) if mask_truncated else ()
 
     # -- what the strategy needs ----------------------------------------------------------------
     def rollout_spec(self) -> RolloutSpec:
@@ -132,86 +247,357 @@ class CausalLMModule(PolicyGradientModule):
         if self.device_mesh is not None:
             shard_children(self, self.device_mesh)
 
+    @property
+    def compute_dtype(self) -> torch.dtype | None:  # type: ignore[override]
+        """The policy spec's dtype when it is bf16/fp16: the forwards run in it under autocast, over
+        float32 masters of the trainable weights (the frozen reference and LoRA base weights stay in
+        it); None for a float32 policy (see :class:`~unirl_lightning.modules.base.PolicyGradientModule`)."""
+        dtype = getattr(torch, getattr(self.policy_spec, "dtype", "float32"))
+        return dtype if dtype in LOW_PRECISION_DTYPES else None
+
     def eval_sampling(self, temperature: float) -> SamplingParams:
-        return SamplingParams(temperature=temperature, max_new_tokens=self.sampling.max_new_tokens)
+        return SamplingParams(
+            temperature=temperature, max_new_tokens=self.sampling.max_new_tokens, stop=self.sampling.stop
+        )
 
     # -- log-probs ------------------------------------------------------------------------------
     def sequence_logprobs(
-        self, model: torch.nn.Module, batch: ExperienceBatch, entropy: bool = False
+        self,
+        model: torch.nn.Module,
+        batch: ExperienceBatch,
+        entropy: bool = False,
+        entropy_grad: bool = False,
     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """Log-prob of every next token, ``[N, L-1]``, at the sampling temperature (with
-        ``entropy=True`` also the policy's entropy at every position, detached).
+        ``entropy=True`` also the policy's entropy at every position, detached unless
+        ``entropy_grad``).
 
         Only positions from the batch's first response token on get logits (``logits_to_keep``
         where the model takes it): the vocabulary projection of prompt positions, most of a real
         model's logits (49k x width per position for SmolLM2), is never computed; earlier
-        positions read 0 (they are masked out of every loss)."""
+        positions read 0 (they are masked out of every loss).
+
+        The forward runs under :meth:`autocast` (a bf16 policy: bf16 logits from float32 masters);
+        the log-probs are float32 from chunked reductions, never a float32 copy of all the logits."""
         width = batch.input_ids.shape[1]
         start = first_response_column(batch.response_mask) if accepts_logits_to_keep(model) else 0
         kwargs = {"logits_to_keep": width - start} if start > 0 else {}
-        logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, **kwargs).logits
-        logits = logits[:, -(width - start) :][:, :-1]  # positions start .. L-2 predict tokens start+1 .. L-1
-        logp = token_logprobs(logits, batch.input_ids[:, start + 1 :], self.sampling.temperature)
+        with self.autocast(batch.input_ids.device.type):
+            logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, **kwargs).logits
+        # positions start .. L-1; start .. L-2 predict tokens start+1 .. L-1. The logits go in whole
+        # (a dummy token for L-1, whose result is dropped): a slice of them, even a full-range one,
+        # would make its backward allocate a zero gradient of the full [N, L, V] logits
+        if logits.shape[1] != width - start:
+            logits = logits[:, start:]
+        targets = torch.nn.functional.pad(batch.input_ids[:, start + 1 :], (0, 1))
+        logp = token_logprobs(logits, targets, self.sampling.temperature)[:, :-1]
         if start > 0:
             logp = torch.nn.functional.pad(logp, (start, 0))
         if not entropy:
             return logp
-        with torch.no_grad():
-            ent = entropy_from_logits(logits, self.sampling.temperature)
+        with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
+            ent = entropy_from_logits(logits, self.sampling.temperature)[:, :-1]
             return logp, torch.nn.functional.pad(ent, (start, 0)) if start > 0 else ent
 
     @torch.no_grad()
     def prepare_batch(self, batch: ExperienceBatch) -> dict[str, Any]:
-        """The trainer's log-probs before this step (``old_logprob="recompute"``) and the reference's
-        (with a KL term); a subclass adds ``advantages``."""
+        """The trainer's log-probs before this step (``old_logprob="recompute"``), the reference's
+        (with a KL term) and, with ``mask_truncated``, the rows the loss keeps (``trained_rows``); a
+        subclass adds ``advantages`` (from :meth:`sequence_rewards`). The forwards run a micro-batch
+        at a time (:meth:`per_micro_batch`)."""
         context: dict[str, Any] = {"prox_logp": None, "ref_logp": None}
         if self.old_logprob == "recompute":
-            context["prox_logp"] = self.sequence_logprobs(self.policy, batch)
+            context["prox_logp"] = self.per_micro_batch(
+                batch, lambda b: self.sequence_logprobs(self.policy, b)
+            )
         if self.kl_coef > 0:
             with self.reference_policy() as reference:
-                context["ref_logp"] = self.sequence_logprobs(reference, batch)
+                context["ref_logp"] = self.per_micro_batch(
+                    batch, lambda b: self.sequence_logprobs(reference, b)
+                )
+        if self.mask_truncated:
+            context["trained_rows"] = ~self.truncated_rows(batch)
         return context
 
-    def policy_loss(
-        self, minibatch: ExperienceBatch, context: dict[str, Any]
-    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-        """PPO-clip loss (+ ``kl_coef`` x per-token KL to the reference) of one mini-batch, with its metrics.
+    # -- micro-batches --------------------------------------------------------------------------
+    @property
+    def micro_batching(self) -> bool:
+        return self.micro_batch_tokens is not None or self.micro_batch_rows is not None
 
-        ``context["advantages"]`` are per row ``[B]`` or per token ``[B, L-1]``; ``prox_logp`` and
-        ``ref_logp`` are this mini-batch's rows, or None.
-        """
+    def pack_micro_batches(self, batch: ExperienceBatch) -> list[list[int]]:
+        """Rows packed by ``micro_batch_tokens`` (:func:`~unirl_lightning.modules.base.pack_rows_by_tokens`
+        over each row's width), or in runs of ``micro_batch_rows``."""
+        if self.micro_batch_tokens is None:
+            return super().pack_micro_batches(batch)
+        widths = row_widths(batch.attention_mask).tolist()
+        return pack_rows_by_tokens(widths, self.micro_batch_tokens, self.micro_batch_rows)
+
+    def micro_view(
+        self, batch: ExperienceBatch, context: dict[str, Any], rows: torch.Tensor, num_parts: int
+    ) -> tuple[ExperienceBatch, dict[str, Any]]:
+        """Micro-batch ``rows``, cut to its longest row: the ``[B, L]`` batch tensors to its width ``w``,
+        the per-token ``[B, L-1]`` context tensors to ``w - 1`` columns (rows are right-padded: only
+        padding is cut, and causal attention makes every kept position's result the same)."""
+        micro, micro_context = super().micro_view(batch, context, rows, num_parts)
+        if micro is batch:
+            return micro, micro_context
+        full = batch.input_ids.shape[1]
+        width = max(int(row_widths(micro.attention_mask).max()), min(2, full)) if micro.num_rows else full
+        if width == full:
+            return micro, micro_context
+        cut = {name: getattr(micro, name)[:, :width] for name in TOKEN_FIELDS}
+        cut_context = {
+            k: v[:, : width - 1]
+            if isinstance(v, torch.Tensor) and v.dim() >= 2 and v.shape[1] == full - 1
+            else v
+            for k, v in micro_context.items()
+        }
+        return replace(micro, **cut), cut_context
+
+    def per_micro_batch(
+        self, batch: ExperienceBatch, compute: Callable[[ExperienceBatch], torch.Tensor]
+    ) -> torch.Tensor:
+        """``compute`` (a per-token ``[b, w-1]`` result, no gradient) over the micro-batches of
+        ``batch``, put together as ``[N, L-1]`` (zero past a micro-batch's width: padding)."""
+        parts = self.micro_batches(batch)
+        if len(parts) == 1:
+            return compute(batch)
+        out: torch.Tensor | None = None
+        for rows in parts:
+            micro, _ = self.micro_view(batch, {}, rows, len(parts))
+            value = compute(micro)
+            if out is None:
+                shape = (batch.num_rows, batch.input_ids.shape[1] - 1, *value.shape[2:])
+                out = value.new_zeros(shape)
+            out[rows.to(out.device), : value.shape[1]] = value
+        return out
+
+    def loss_units(self, batch: ExperienceBatch, context: dict[str, Any]) -> torch.Tensor:
+        """``"token-mean"``: the loss tokens of ``batch``; ``"seq-mean-*"``: its rows."""
+        if self.loss_aggregation == "token-mean":
+            return self.loss_mask(batch, context).bool().sum().float()
+        return super().loss_units(batch, context)
+
+    def loss_normalizer(self, minibatch: ExperienceBatch, context: dict[str, Any]) -> torch.Tensor:
+        """``"token-mean"``: the mini-batch's loss tokens summed over the data-parallel ranks (one
+        all-reduce on the module's device, :func:`~unirl_lightning.modules.base.global_token_count`),
+        over the world size: each rank's loss is then its token sum over the global count times the
+        world size, which DDP / FSDP2's gradient averaging turns into the global token mean. One rank,
+        or ``"seq-mean-*"``: the mini-batch's own :meth:`loss_units`."""
+        world = self.data_parallel_size()
+        if self.loss_aggregation != "token-mean" or world == 1:
+            return super().loss_normalizer(minibatch, context)
+        tokens = global_token_count(self.loss_units(minibatch, context), device=self.device)
+        return tokens.clamp(min=1) / world
+
+    def metric_weight(self, batch: ExperienceBatch, context: dict[str, Any], key: str) -> torch.Tensor:
+        """Token metrics weigh by the loss tokens; the per-sequence ones (``mismatch_masked_fraction``,
+        and the ratio and clip figures at ``ratio_level="sequence"``) by the rows with a loss token."""
+        mask = self.loss_mask(batch, context).bool()
+        if key == "mismatch_masked_fraction" or (
+            self.ratio_level == "sequence" and key in SEQUENCE_UNIT_METRICS
+        ):
+            return mask.any(dim=-1).sum().float()
+        return mask.sum().float()
+
+    # -- overlong completions -------------------------------------------------------------------
+    def truncated_rows(self, batch: ExperienceBatch) -> torch.Tensor:
+        """``[N]`` bool: the completions the token budget cut off, read off the batch (it records no
+        finish reason): ``max_new_tokens`` completion tokens and a last token that is no stop token
+        (:func:`~unirl_lightning.algorithms.truncated_completions`)."""
+        last_column = (batch.attention_mask.sum(dim=-1) - 1).clamp(min=0)  # rows are right-padded
+        last_tokens = batch.input_ids.gather(1, last_column.unsqueeze(-1)).squeeze(-1)
+        lengths = batch.response_mask.sum(dim=-1)
+        return truncated_completions(last_tokens, lengths, self.sampling.max_new_tokens, self.stop_ids)
+
+    def sequence_rewards(self, batch: ExperienceBatch) -> torch.Tensor:
+        """``[N]`` the rewards the advantages are computed from: the batch's, plus DAPO's soft overlong
+        penalty of each completion's length with ``overlong_buffer`` (its mean is logged as
+        ``train/overlong_penalty_mean``)."""
+        if self.overlong_buffer == 0:
+            return batch.rewards
+        penalty = overlong_penalty(
+            batch.response_mask.sum(dim=-1),
+            self.sampling.max_new_tokens,
+            self.overlong_buffer,
+            self.overlong_penalty,
+        )
+        batch.stats["train/overlong_penalty_mean"] = float(penalty.mean())
+        return batch.rewards + penalty.to(batch.rewards.dtype)
+
+    def loss_mask(self, minibatch: ExperienceBatch, context: dict[str, Any]) -> torch.Tensor:
+        """``[B, L-1]`` the tokens a loss is taken over: the trained completion tokens of the rows the
+        context keeps (all rows unless ``mask_truncated``)."""
         mask = minibatch.response_mask[:, 1:]
-        rollout_logp = minibatch.rollout_logprobs[:, 1:]
-        prox_logp, ref_logp = context["prox_logp"], context["ref_logp"]
-        entropy = None
-        if self.first_minibatch:  # the logged mini-batch: the entropy too (a pass over the vocabulary)
-            logp, entropy = self.sequence_logprobs(self.policy, minibatch, entropy=True)
-        else:
-            logp = self.sequence_logprobs(self.policy, minibatch)
-        old_logp = rollout_logp if prox_logp is None else prox_logp
-        is_weights = None
+        if context.get("trained_rows") is not None:
+            mask = mask * context["trained_rows"].unsqueeze(-1)
+        return mask
+
+    # -- the loss -------------------------------------------------------------------------------
+    def mismatch_weights(
+        self, prox_logp: torch.Tensor | None, rollout_logp: torch.Tensor, mask: torch.Tensor
+    ) -> tuple[torch.Tensor | None, dict[str, torch.Tensor]]:
+        """The importance weights for the rollout/trainer mismatch (``tis_cap``: per token, truncated;
+        ``sequence_mask_cap``: per sequence, masked outside the band), or None; with their metrics."""
         if self.tis_cap is not None:  # pi_trainer / pi_rollout, truncated (TIS)
-            is_weights = truncated_importance_weights(prox_logp, rollout_logp, mask, self.tis_cap)
-        kl = None if ref_logp is None else kl_penalty(logp, ref_logp, self.kl_estimator, mask=mask)
-        # the KL is added per token before aggregation (TRL, verl), so every aggregation weighs it alike
-        loss, metrics = ppo_clip_loss(
+            return truncated_importance_weights(prox_logp, rollout_logp, mask, self.tis_cap), {}
+        if self.sequence_mask_cap is not None:
+            weights, rejected = sequence_masked_importance_weights(
+                prox_logp, rollout_logp, mask, self.sequence_mask_cap
+            )
+            return weights, {
+                "mismatch_masked_fraction": masked_mean(rejected.float(), mask.bool().any(dim=-1))
+            }
+        return None, {}
+
+    def surrogate_loss(
+        self,
+        logp: torch.Tensor,
+        old_logp: torch.Tensor,
+        advantages: torch.Tensor,
+        mask: torch.Tensor,
+        is_weights: torch.Tensor | None,
+        token_penalty: torch.Tensor | None,
+    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """The configured policy loss (``loss``, ``ratio_level``, clipping) with its metrics."""
+        if self.loss_type == "cispo":
+            return cispo_loss(
+                logp,
+                old_logp,
+                advantages,
+                mask,
+                self.cispo_cap,
+                self.loss_aggregation,
+                is_weights,
+                max_tokens=self.sampling.max_new_tokens,
+                token_penalty=token_penalty,
+            )
+        return ppo_clip_loss(
             logp,
             old_logp,
-            context["advantages"],
+            advantages,
             mask,
             self.clip_low,
             self.clip_high,
             self.loss_aggregation,
             is_weights,
             max_tokens=self.sampling.max_new_tokens,
-            token_penalty=None if kl is None else self.kl_coef * kl,
+            token_penalty=token_penalty,
+            clip_ratio_c=self.clip_ratio_c,
+            ratio_level=self.ratio_level,
         )
+
+    def policy_loss(
+        self, minibatch: ExperienceBatch, context: dict[str, Any]
+    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """Policy loss (+ ``kl_coef`` x per-token KL to the reference - ``entropy_coef`` x entropy) of
+        one mini-batch, with its metrics.
+
+        ``context["advantages"]`` are per row ``[B]`` or per token ``[B, L-1]``; ``prox_logp``,
+        ``ref_logp`` and ``trained_rows`` are this mini-batch's rows, or None.
+        """
+        mask = self.loss_mask(minibatch, context)
+        rollout_logp = minibatch.rollout_logprobs[:, 1:]
+        prox_logp, ref_logp = context["prox_logp"], context["ref_logp"]
+        entropy = None
+        if self.entropy_coef > 0:  # the bonus: the entropy with its gradient, on every mini-batch
+            logp, entropy = self.sequence_logprobs(self.policy, minibatch, entropy=True, entropy_grad=True)
+        elif self.first_minibatch:  # the logged mini-batch: the entropy too (a pass over the vocabulary)
+            logp, entropy = self.sequence_logprobs(self.policy, minibatch, entropy=True)
+        else:
+            logp = self.sequence_logprobs(self.policy, minibatch)
+        old_logp = rollout_logp if prox_logp is None else prox_logp
+        is_weights, mismatch_metrics = self.mismatch_weights(prox_logp, rollout_logp, mask)
+        kl = None if ref_logp is None else kl_penalty(logp, ref_logp, self.kl_estimator, mask=mask)
+        # KL and entropy are added per token before aggregation (TRL, verl), so every aggregation
+        # weighs them like the policy term
+        token_penalty = None if kl is None else self.kl_coef * kl
+        if self.entropy_coef > 0:
+            bonus = -self.entropy_coef * entropy
+            token_penalty = bonus if token_penalty is None else token_penalty + bonus
+        loss, metrics = self.surrogate_loss(
+            logp, old_logp, context["advantages"], mask, is_weights, token_penalty
+        )
+        metrics.update(mismatch_metrics)
         metrics["logp_diff_abs"] = masked_mean((logp.detach() - rollout_logp).abs(), mask)
         if entropy is not None:
-            metrics["entropy"] = masked_mean(entropy, mask)
+            metrics["entropy"] = masked_mean(entropy.detach(), mask)
         if kl is not None:
             metrics["kl"] = masked_mean(kl.detach(), mask)
         return loss, metrics
+
+
+def check_loss_combination(loss: str, ratio_level: str, clip_ratio_c: float | None) -> None:
+    """Refuse the settings that define no loss: dual-clip with CISPO or at the sequence level, and
+    CISPO at the sequence level (its weight is a per-token truncated ratio)."""
+    if clip_ratio_c is not None:
+        require_in_range("clip_ratio_c", clip_ratio_c, 1, math.inf, low_open=True, high_open=True)
+        if ratio_level == "sequence":
+            raise ValueError(
+                "clip_ratio_c (dual-clip) is defined at ratio_level='token' only: set clip_ratio_c=None "
+                f"(YAML: null) with ratio_level='sequence', got clip_ratio_c={clip_ratio_c!r}"
+            )
+        if loss == "cispo":
+            raise ValueError(
+                "clip_ratio_c (dual-clip) is defined for loss='ppo' only (CISPO caps its weight at "
+                f"cispo_cap): set clip_ratio_c=None (YAML: null) with loss='cispo', got clip_ratio_c={clip_ratio_c!r}"
+            )
+    if loss == "cispo" and ratio_level != "token":
+        raise ValueError(
+            f"loss='cispo' is defined at ratio_level='token' only, got ratio_level={ratio_level!r}"
+        )
+
+
+def check_mismatch_correction(
+    old_logprob: str, tis_cap: float | None, sequence_mask_cap: float | None
+) -> None:
+    """The rollout/trainer mismatch corrections need the trainer's own log-probs before the update
+    (``old_logprob="recompute"``), and one of them at a time."""
+    for key, cap in (("tis_cap", tis_cap), ("sequence_mask_cap", sequence_mask_cap)):
+        if cap is not None and old_logprob != "recompute":
+            raise ValueError(
+                f"{key} needs old_logprob='recompute' (the weights are pi_trainer / pi_rollout), got "
+                f"old_logprob={old_logprob!r}"
+            )
+    if tis_cap is not None and sequence_mask_cap is not None:
+        raise ValueError(
+            "tis_cap and sequence_mask_cap correct the same mismatch (per token, per sequence): set one, got "
+            f"tis_cap={tis_cap!r}, sequence_mask_cap={sequence_mask_cap!r}"
+        )
+    if tis_cap is not None:
+        require_positive("tis_cap", tis_cap)
+    if sequence_mask_cap is not None:
+        require_in_range("sequence_mask_cap", sequence_mask_cap, 1, math.inf, low_open=True, high_open=True)
+
+
+TOKEN_FIELDS = ("input_ids", "attention_mask", "response_mask", "rollout_logprobs")
+"""The ``[N, L]`` tensors of an :class:`~unirl_lightning.rollout.types.ExperienceBatch`."""
+
+SEQUENCE_UNIT_METRICS = frozenset({"ratio_mean", "clip_fraction", "dual_clip_fraction"})
+"""The loss metrics that are means over sequences at ``ratio_level="sequence"``."""
+
+
+def row_widths(attention_mask: torch.Tensor) -> torch.Tensor:
+    """``[N]`` the columns each row needs: one past its last attended position (0 for an empty row)."""
+    attended = attention_mask.bool()
+    columns = torch.arange(1, attended.shape[1] + 1, device=attended.device)
+    return (columns * attended).amax(dim=1) if attended.shape[1] else attended.sum(dim=1)
+
+
+def enable_gradient_checkpointing(model: torch.nn.Module) -> None:
+    """``transformers``' activation checkpointing of every block of ``model`` (PEFT-wrapped or not),
+    non-reentrant (``torch.utils.checkpoint`` with ``use_reentrant=False``: frozen embeddings, LoRA
+    and FSDP2 need no input that requires grad). Active in training mode only."""
+    target = unwrapped(model)
+    if hasattr(target, "activation_checkpointing_enable"):  # transformers >= 5 (the old name is deprecated)
+        target.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+    elif hasattr(target, "gradient_checkpointing_enable"):
+        target.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    else:
+        raise ValueError(
+            f"gradient_checkpointing needs a transformers model (activation_checkpointing_enable), got "
+            f"{type(target).__name__}"
+        )
 
 
 def first_response_column(response_mask: torch.Tensor) -> int:

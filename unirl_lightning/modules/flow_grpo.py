@@ -12,9 +12,9 @@ On-policy pin: with ``max_staleness=0`` the workers generate with exactly the tr
 the replayed log-prob of every step equals the recorded one and ``train/ratio_dev_max``
 (``max |ratio - 1|`` over the first mini-batch) stays below 1e-4 in fp32.
 
-Async: diffusion rollouts are large (trajectory latents), so the module's rollout spec allows one
-request in flight (the strategy refuses ``max_inflight > 1`` with the reason) and the loop polls
-before it launches (``order="poll_first"``); overlap comes from ``max_staleness >= 1``: the next
+Async: diffusion rollouts are large (trajectory latents), so the batch runtime schedules the
+diffusion family with one request in flight (``max_inflight > 1`` is refused with the reason) and a
+loop that polls before it launches (``order="poll_first"``); overlap comes from ``max_staleness >= 1``: the next
 request generates while this step trains. Sample images before and after training are the
 :class:`~unirl_lightning.callbacks.SampleImageLogger`'s (a default callback of this module).
 """
@@ -37,14 +37,6 @@ from unirl_lightning.modules.base import PolicyGradientModule, RolloutSpec
 from unirl_lightning.rollout.types import DiffusionBatch, DiffusionSampling
 
 __all__ = ["FlowGRPOModule"]
-
-MAX_INFLIGHT_REASON = (
-    "a diffusion rollout result is large (trajectory latents of every SDE step), and with a second request "
-    "in flight a launch can block the transfer of the previous result (the reference implementation "
-    "measured ~150 s instead of ~8 s per rollout); with one request in flight the poll-first loop reaps "
-    "every ready result before the next launch. Async overlap comes from max_staleness >= 1: the next "
-    "request generates while this step trains"
-)
 
 
 class FlowGRPOModule(PolicyGradientModule):
@@ -71,6 +63,10 @@ class FlowGRPOModule(PolicyGradientModule):
             subset, as in Flow-GRPO); 1.0 = all.
         ppo_epochs / mini_batches: passes over each batch and optimizer steps per pass.
         max_grad_norm: gradient clipping through Lightning; 0 = off.
+        micro_batch_rows: replay each SDE step for at most this many images at a time, accumulating
+            the gradients into the mini-batch's one optimizer step (a row is an image: a row budget is
+            the memory knob here, not a token one); None = the whole mini-batch. The loss, the
+            gradients and the logged metrics are the whole mini-batch's.
 
     Example::
 
@@ -100,8 +96,11 @@ class FlowGRPOModule(PolicyGradientModule):
         ppo_epochs: int = 1,
         mini_batches: int = 1,
         max_grad_norm: float = 1.0,
+        micro_batch_rows: int | None = None,
     ) -> None:
-        super().__init__(lr, weight_decay, betas, ppo_epochs, mini_batches, max_grad_norm, kl_coef)
+        super().__init__(
+            lr, weight_decay, betas, ppo_epochs, mini_batches, max_grad_norm, kl_coef, micro_batch_rows
+        )
         require_at_least("num_generations", num_generations, 2)
         self.sampling = DiffusionSampling(
             num_steps=num_steps,
@@ -147,9 +146,6 @@ class FlowGRPOModule(PolicyGradientModule):
             sampling=self.sampling,
             collate=DiffusionBatch.collate,
             family="diffusion",
-            order="poll_first",
-            max_inflight=1,
-            max_inflight_reason=MAX_INFLIGHT_REASON,
         )
 
     def eval_sampling(self, temperature: float) -> DiffusionSampling:
@@ -239,14 +235,24 @@ class FlowGRPOModule(PolicyGradientModule):
     def backward_minibatch(
         self, minibatch: DiffusionBatch, context: dict[str, Any]
     ) -> dict[str, torch.Tensor]:
-        """One backward per trained SDE step (memory stays that of one denoiser call); the metrics
-        are averaged over the steps, ``ratio_dev_max`` is their maximum."""
+        """One backward per trained SDE step and micro-batch (memory stays that of one denoiser call
+        on a micro-batch), each scaled by the micro-batch's share of the mini-batch's rows; the
+        metrics are averaged over the steps, ``ratio_dev_max`` is their maximum, and the
+        micro-batches' are combined as the mini-batch's (:meth:`combine_micro_metrics`)."""
         steps = context["train_steps"]
-        per_step = []
-        for step in steps:
-            loss, metrics = self.replay_step(minibatch, step, context)
-            self.manual_backward(loss / len(steps))
-            per_step.append({**metrics, "loss": loss.detach()})
-        merged = {k: torch.stack([m[k] for m in per_step]).mean() for k in per_step[0]}
-        merged["ratio_dev_max"] = torch.stack([m["ratio_dev_max"] for m in per_step]).max()
-        return merged
+        parts = self.micro_batches(minibatch)
+        normalizer = self.loss_normalizer(minibatch, context)
+        results = []
+        for i, rows in enumerate(parts):
+            micro, micro_context = self.micro_view(minibatch, context, rows, len(parts))
+            scale = self.micro_scale(micro, micro_context, normalizer)
+            per_step = []
+            for j, step in enumerate(steps):
+                loss, metrics = self.replay_step(micro, step, micro_context)
+                with self.gradient_sync(i == len(parts) - 1 and j == len(steps) - 1):
+                    self.manual_backward(loss * scale.to(loss.dtype) / len(steps))
+                per_step.append({**metrics, "loss": loss.detach()})
+            merged = {k: torch.stack([m[k] for m in per_step]).mean() for k in per_step[0]}
+            merged["ratio_dev_max"] = torch.stack([m["ratio_dev_max"] for m in per_step]).max()
+            results.append((merged, scale, micro, micro_context))
+        return self.combine_micro_metrics(results)

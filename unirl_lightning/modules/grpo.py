@@ -24,7 +24,8 @@ Advantage = Literal["grpo", "dr_grpo", "rloo"]
 
 
 class GRPOModule(CausalLMModule):
-    """GRPO / Dr.GRPO / RLOO with PPO-clip, DAPO clip-higher, optional KL and truncated IS.
+    """GRPO / Dr.GRPO / RLOO with PPO-clip (or GSPO, CISPO), DAPO clip-higher and overlong handling,
+    optional KL, entropy bonus and rollout/trainer mismatch correction.
 
     Args:
         advantage: ``"grpo"`` (reward minus the group mean, over the group's std + 1e-4, as TRL),
@@ -32,9 +33,13 @@ class GRPOModule(CausalLMModule):
         advantage_std: the group std of ``"grpo"``: ``"unbiased"`` (Bessel, TRL and verl) or
             ``"population"`` (divide by the group size, as flow_grpo).
         **kwargs: every :class:`~unirl_lightning.modules.causal_lm.CausalLMModule` argument
-            (``policy``, ``reward``, ``lora``, ``num_generations``, sampling, AdamW, clipping,
-            ``loss_aggregation``, KL, ``old_logprob``/``tis_cap``, ``ppo_epochs``/``mini_batches``,
-            ``max_grad_norm``).
+            (``policy``, ``reward``, ``lora``, ``num_generations``, sampling, AdamW, ``loss``,
+            clipping and ``clip_ratio_c``, ``ratio_level`` (``"sequence"``: GSPO), ``cispo_cap``,
+            ``loss_aggregation``, KL, ``entropy_coef``, ``old_logprob``/``tis_cap``/
+            ``sequence_mask_cap``, ``mask_truncated``, ``overlong_buffer``/``overlong_penalty``
+            (added to the rewards before the advantages), ``ppo_epochs``/``mini_batches``,
+            ``max_grad_norm``, ``micro_batch_tokens``/``micro_batch_rows`` (gradient accumulation
+            inside each optimizer step), ``gradient_checkpointing``).
 
     Serving (HF, vLLM, SGLang; workers; weight sync) is the strategy's:
     ``AsyncRolloutStrategy(engine="vllm")`` serves the same module with vLLM.
@@ -66,7 +71,7 @@ class GRPOModule(CausalLMModule):
 
     def prepare_batch(self, batch: ExperienceBatch) -> dict[str, Any]:
         context = super().prepare_batch(batch)
-        context["advantages"] = self.compute_advantages(batch.rewards, batch.group_size)
+        context["advantages"] = self.compute_advantages(self.sequence_rewards(batch), batch.group_size)
         return context
 
     def minibatch_loss(

@@ -33,7 +33,7 @@ from unirl_lightning.algorithms import (
 )
 from unirl_lightning.checks import require_at_least, require_in_range, require_positive
 from unirl_lightning.lora import LLM_LORA_TARGETS, apply_lora
-from unirl_lightning.modules.causal_lm import CausalLMModule
+from unirl_lightning.modules.causal_lm import CausalLMModule, enable_gradient_checkpointing
 from unirl_lightning.rollout.types import ExperienceBatch
 
 __all__ = ["PPOModule", "ValueModel"]
@@ -55,7 +55,10 @@ class ValueModel(torch.nn.Module):
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
         hidden = self.backbone(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
-        return self.value_head(hidden.to(self.value_head.weight.dtype)).squeeze(-1)
+        # the head in its own weights' dtype (the float32 master, or bf16 when FSDP2 gathers in bf16), not
+        # autocast's, and V in float32 whatever the backbone computed in
+        with torch.autocast(hidden.device.type, enabled=False):
+            return self.value_head(hidden.to(self.value_head.weight.dtype)).squeeze(-1).float()
 
 
 class PPOModule(CausalLMModule):
@@ -72,9 +75,14 @@ class PPOModule(CausalLMModule):
         whiten_advantages: normalise the GAE advantages to mean 0 / std 1 over the batch's valid tokens.
         **kwargs: every :class:`~unirl_lightning.modules.causal_lm.CausalLMModule` argument
             (``policy``, ``reward``, ``lora``, ``num_generations``, sampling, AdamW,
-            ``clip_low``/``clip_high``, ``loss_aggregation`` (also used for the value loss),
-            ``kl_coef``/``kl_estimator``, ``old_logprob``/``tis_cap``, ``ppo_epochs``/``mini_batches``,
-            ``max_grad_norm``); advantages come from the critic, so ``num_generations`` may be 1.
+            ``loss``, ``clip_low``/``clip_high``/``clip_ratio_c``, ``cispo_cap``, ``loss_aggregation``
+            (also used for the value loss), ``kl_coef``/``kl_estimator``, ``entropy_coef``,
+            ``old_logprob``/``tis_cap``/``sequence_mask_cap``, ``mask_truncated`` (also masks the
+            value loss), ``overlong_buffer``/``overlong_penalty`` (added to the reward on the last
+            token), ``ppo_epochs``/``mini_batches``, ``max_grad_norm``, ``micro_batch_tokens``/
+            ``micro_batch_rows`` (the critic's forwards and backward are split alike),
+            ``gradient_checkpointing`` (also of the critic's backbone); ``ratio_level`` only
+            ``"token"``); advantages come from the critic, so ``num_generations`` may be 1.
             With ``lora``, the critic's backbone gets the same adapters (only they and the value
             head train).
 
@@ -99,6 +107,11 @@ class PPOModule(CausalLMModule):
                 f"advantage must not be given to PPOModule (it estimates advantages with GAE and a critic: "
                 f"gamma, lam), got advantage={kwargs['advantage']!r}"
             )
+        if kwargs.get("ratio_level", "token") != "token":
+            raise ValueError(
+                "ratio_level='sequence' (GSPO) needs one advantage per sequence; PPOModule's GAE advantages "
+                f"are per token: use ratio_level='token', got ratio_level={kwargs['ratio_level']!r}"
+            )
         require_in_range("gamma", gamma, 0, 1)
         require_in_range("lam", lam, 0, 1)
         require_at_least("vf_coef", vf_coef, 0)
@@ -116,6 +129,8 @@ class PPOModule(CausalLMModule):
         backbone = model.base_model  # the decoder without its LM head (LlamaModel for LlamaForCausalLM)
         if self.lora is not None:
             backbone = apply_lora(backbone, self.lora, LLM_LORA_TARGETS)
+        if self.gradient_checkpointing:
+            enable_gradient_checkpointing(backbone)
         self.critic = ValueModel(backbone, model.config.hidden_size)
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
@@ -129,14 +144,17 @@ class PPOModule(CausalLMModule):
 
     def token_values(self, batch: ExperienceBatch) -> torch.Tensor:
         """``V(s_t)`` for the state that emits token ``t + 1``, ``[N, L-1]``, aligned with ``sequence_logprobs``."""
-        return self.critic(input_ids=batch.input_ids, attention_mask=batch.attention_mask)[:, :-1]
+        with self.autocast(batch.input_ids.device.type):  # low-dtype compute over float32 masters
+            values = self.critic(input_ids=batch.input_ids, attention_mask=batch.attention_mask)
+        return values[:, :-1]
 
     @torch.no_grad()
     def prepare_batch(self, batch: ExperienceBatch) -> dict[str, Any]:
         context = super().prepare_batch(batch)
         mask = batch.response_mask[:, 1:]
-        old_values = self.token_values(batch)
-        rewards = last_token_rewards(batch.rewards, mask)  # one score per sequence, on its last token
+        old_values = self.per_micro_batch(batch, self.token_values)  # a micro-batch at a time
+        # one score per sequence (with the overlong penalty if any), on its last token
+        rewards = last_token_rewards(self.sequence_rewards(batch), mask)
         advantages, returns = gae_advantages(rewards, old_values, mask, self.gamma, self.lam)
         if self.whiten_advantages:
             advantages = masked_whiten(advantages, mask)
@@ -152,7 +170,7 @@ class PPOModule(CausalLMModule):
             self.token_values(minibatch),
             context["old_values"],
             context["returns"],
-            minibatch.response_mask[:, 1:],
+            self.loss_mask(minibatch, context),
             self.value_clip,
             self.loss_aggregation,
             max_tokens=self.sampling.max_new_tokens,

@@ -1,4 +1,5 @@
-"""Rewards: picklable batch scorers ``reward(completions, records) -> list[float]``.
+"""Rewards: picklable batch scorers ``reward(completions, records) -> list[float]``, and plain
+functions called per sample (``fn(completion, record)``) or TRL's way (``fn(completions, **columns)``).
 
 Call them through :func:`score_batch`, which checks the result and wraps failures in
 :class:`RewardError`. See :mod:`unirl_lightning.rewards.base` for the contract.
@@ -12,9 +13,12 @@ from unirl_lightning.rewards.base import (
     Reward,
     RewardError,
     import_callable,
+    is_batched_function,
+    part_name,
     resolve_reward,
     reward_name,
     score_batch,
+    score_parts,
 )
 from unirl_lightning.rewards.math import MathVerifyReward
 
@@ -27,7 +31,10 @@ __all__ = [
     "Reward",
     "RewardError",
     "import_callable",
+    "is_batched_function",
+    "part_name",
     "resolve_reward",
     "reward_name",
     "score_batch",
+    "score_parts",
 ]

@@ -43,6 +43,10 @@ What it guarantees
       drives would double-pull the coordinator's queue), and so does ``sync_weights``.
     * ``drain_freshest`` / ``pop_evicted`` behave exactly like the batch controller's, with "in
       flight" meaning "a drive is live".
+    * Turn staleness: ``drain_freshest(..., max_turn_staleness=k)`` first evicts every buffered
+      group whose *oldest* turn (the smallest of its samples' ``turn_versions``) is older than
+      ``weight_version - k``, whatever its completion stamp; those come out once through
+      ``pop_turn_evicted()``, not ``pop_evicted()``. The groups left keep their order.
 
 What raises
     ``ValueError`` for bad arguments and malformed samples (empty or non-string ids, a sample id
@@ -57,12 +61,13 @@ from __future__ import annotations
 
 import logging
 import operator
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any, Literal, Protocol
 
+from unirl_lightning.checks import require_at_least
 from unirl_lightning.rollout.controller import StampedGroup, VersionedBuffer
 
-__all__ = ["AgenticCoordinator", "AgenticRolloutController", "PendingGroups", "TailPolicy", "root_of"]
+__all__ = ["AgenticCoordinator", "AgenticRolloutController", "SiblingAssembler", "TailPolicy", "root_of"]
 
 logger = logging.getLogger(__name__)
 
@@ -98,7 +103,7 @@ def root_of(sample_id: str) -> str:
     return root
 
 
-class PendingGroups:
+class SiblingAssembler:
     """Assemble samples arriving one at a time into groups of ``group_size`` siblings sharing a root.
 
     A group is emitted (in the order its siblings arrived) as soon as its ``group_size``-th
@@ -106,7 +111,7 @@ class PendingGroups:
 
     Example::
 
-        pending = PendingGroups(group_size=2, sample_id=lambda sample: sample["id"])
+        pending = SiblingAssembler(group_size=2, sample_id=lambda sample: sample["id"])
         pending.add([{"id": "p0/0"}])  # -> []
         pending.add([{"id": "p0/1"}])  # -> [[{"id": "p0/0"}, {"id": "p0/1"}]]
     """
@@ -177,6 +182,8 @@ class AgenticRolloutController:
         sample_id: reads a sample's id (default: its ``sample_id`` attribute).
         start_gen_id: the ``gen_id`` stamped on the first completed group.
         start_weight_version: the weight version the generators hold now.
+        turn_versions: reads the weight version of each of a sample's turns (default: its
+            ``turn_versions`` attribute); read only for ``max_turn_staleness``.
 
     Example::
 
@@ -198,6 +205,7 @@ class AgenticRolloutController:
         sample_id: Callable[[Any], str] = operator.attrgetter("sample_id"),
         start_gen_id: int = 0,
         start_weight_version: int = 0,
+        turn_versions: Callable[[Any], Sequence[int]] = operator.attrgetter("turn_versions"),
     ) -> None:
         if tail_policy not in _TAIL_POLICIES:
             raise ValueError(f"tail_policy must be one of {_TAIL_POLICIES}, got {tail_policy!r}")
@@ -206,9 +214,11 @@ class AgenticRolloutController:
                 raise ValueError(f"{name} must be >= 0, got {value!r}")
         self._coordinator = coordinator
         self._tail_policy: TailPolicy = tail_policy
-        self._pending = PendingGroups(group_size, sample_id)
+        self._pending = SiblingAssembler(group_size, sample_id)
         self._sample_id = sample_id
         self._buffer = VersionedBuffer()
+        self._turn_versions = turn_versions
+        self._turn_evicted: list[StampedGroup] = []
         self._next_gen_id = start_gen_id
         self._weight_version = start_weight_version
         self._drive_live = False
@@ -315,8 +325,22 @@ class AgenticRolloutController:
         self._end_drive()
         return inserted
 
-    def drain_freshest(self, n: int, max_staleness: int | None = None) -> list[StampedGroup] | None:
-        """Same contract as :meth:`BatchRolloutController.drain_freshest`, with "in flight" = drive live."""
+    def drain_freshest(
+        self, n: int, max_staleness: int | None = None, max_turn_staleness: int | None = None
+    ) -> list[StampedGroup] | None:
+        """Same contract as :meth:`BatchRolloutController.drain_freshest`, with "in flight" = drive live.
+
+        ``max_turn_staleness`` (None = off): before draining, every group buffered whose oldest turn
+        is older than ``weight_version - max_turn_staleness`` is evicted (after the groups over
+        ``max_staleness`` by their completion stamp, which stay in ``pop_evicted()``); those come
+        out once through :meth:`pop_turn_evicted`. Raises ``ValueError`` if either bound is < 0.
+        """
+        if max_turn_staleness is not None:
+            require_at_least("max_turn_staleness", max_turn_staleness, 0)
+            if max_staleness is not None:  # over-stale completion stamps are counted as such first
+                require_at_least("max_staleness", max_staleness, 0)
+                self._buffer.evict_older_than(self._weight_version - max_staleness)
+            self._evict_turn_stale(self._weight_version - max_turn_staleness)
         return self._buffer.drain_freshest(
             n,
             current_weight_version=self._weight_version,
@@ -325,8 +349,30 @@ class AgenticRolloutController:
         )
 
     def pop_evicted(self) -> list[StampedGroup]:
-        """Return every group evicted as over-stale since the last call, once."""
+        """Return every group evicted as over-stale (by its completion stamp) since the last call, once."""
         return self._buffer.pop_evicted()
+
+    def pop_turn_evicted(self) -> list[StampedGroup]:
+        """Every group evicted for an over-stale turn (``max_turn_staleness``) since the last call, once."""
+        evicted, self._turn_evicted = self._turn_evicted, []
+        return evicted
+
+    def oldest_turn_version(self, item: StampedGroup) -> int:
+        """The weight version of the oldest turn of any sample of the group (its stamp if none has a turn)."""
+        return min(
+            (v for sample in item.group for v in self._turn_versions(sample)), default=item.weight_version
+        )
+
+    def _evict_turn_stale(self, min_turn_version: int) -> None:
+        """Move the buffered groups with a turn older than ``min_turn_version`` to the turn-evicted list;
+        the others go back in their order (freshest version first, insertion order within one)."""
+        if not len(self._buffer):
+            return
+        for item in self._buffer.take_freshest(len(self._buffer)):
+            if self.oldest_turn_version(item) < min_turn_version:
+                self._turn_evicted.append(item)
+            else:
+                self._buffer.insert(item)
 
     def sync_weights(self, push: Callable[[int], Any]) -> int:
         """Push new weights and advance the version ledger; returns the new version.

@@ -33,7 +33,7 @@ What raises
     * Whatever ``launch``, ``pending.result()``, ``complete`` or ``push`` raise, with the state
       left as if the failing call had not been made.
 
-This module imports only the standard library: the training driver imports it without torch or ray.
+This module imports only the standard library (and the package's stdlib-only ``checks``): the training driver imports it without torch or ray.
 """
 
 from __future__ import annotations
@@ -45,10 +45,12 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from unirl_lightning.checks import require_at_least
+
 __all__ = [
     "BatchRolloutController",
     "InflightPool",
-    "Pending",
+    "GenerationHandle",
     "StampedGroup",
     "VersionedBuffer",
     "launch_ceiling",
@@ -57,8 +59,8 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 
-class Pending(Protocol):
-    """A non-blocking handle on one launched generation (e.g. a Ray ``PendingCall``)."""
+class GenerationHandle(Protocol):
+    """A non-blocking handle on one launched generation (e.g. a Ray ``GenerationCall`` of the worker group)."""
 
     def ready(self) -> bool:
         """True once ``result()`` would return (or raise) without blocking."""
@@ -90,12 +92,7 @@ class StampedGroup:
 class _InflightJob:
     gen_id: int
     weight_version: int
-    pending: Pending
-
-
-def _require_at_least(name: str, value: int, minimum: int) -> None:
-    if value < minimum:
-        raise ValueError(f"{name} must be >= {minimum}, got {value!r}")
+    pending: GenerationHandle
 
 
 class VersionedBuffer:
@@ -153,7 +150,7 @@ class VersionedBuffer:
 
         Freshest means highest ``weight_version`` first; within one version, insertion order.
         """
-        _require_at_least("n", n, 1)
+        require_at_least("n", n, 1)
         if self._size < n:
             return None
         taken: list[StampedGroup] = []
@@ -191,9 +188,9 @@ class VersionedBuffer:
 
         Raises ``ValueError`` if ``n < 1`` or ``max_staleness < 0``.
         """
-        _require_at_least("n", n, 1)
+        require_at_least("n", n, 1)
         if max_staleness is not None:
-            _require_at_least("max_staleness", max_staleness, 0)
+            require_at_least("max_staleness", max_staleness, 0)
             self.evict_older_than(current_weight_version - max_staleness)
         if self._size < n:
             if not more_coming:
@@ -231,7 +228,7 @@ class InflightPool:
         """The ``gen_id`` of every job in flight, oldest first."""
         return list(self._jobs)
 
-    def add(self, gen_id: int, weight_version: int, pending: Pending) -> None:
+    def add(self, gen_id: int, weight_version: int, pending: GenerationHandle) -> None:
         """Track one launched job; raises ``ValueError`` if ``gen_id`` is already in flight."""
         if gen_id in self._jobs:
             raise ValueError(
@@ -239,7 +236,7 @@ class InflightPool:
             )
         self._jobs[gen_id] = _InflightJob(gen_id, weight_version, pending)
 
-    def oldest(self) -> Pending | None:
+    def oldest(self) -> GenerationHandle | None:
         """The pending handle of the oldest job in flight, or ``None`` when nothing is in flight."""
         for job in self._jobs.values():
             return job.pending
@@ -313,7 +310,7 @@ class BatchRolloutController:
     """Async batch generation: launch jobs, reap them as they finish, hand out the freshest groups.
 
     Args:
-        launch: ``launch(request) -> Pending``; starts one generation without blocking.
+        launch: ``launch(request) -> GenerationHandle``; starts one generation without blocking.
         complete: ``complete(gen_id, weight_version, result) -> groups``; turns one finished
             generation into the groups to buffer (default: the result is one group). Do every
             fallible step here before touching outside state: a raise leaves the job in flight and
@@ -332,13 +329,13 @@ class BatchRolloutController:
 
     def __init__(
         self,
-        launch: Callable[[Any], Pending],
+        launch: Callable[[Any], GenerationHandle],
         complete: Complete | None = None,
         start_gen_id: int = 0,
         start_weight_version: int = 0,
     ) -> None:
-        _require_at_least("start_gen_id", start_gen_id, 0)
-        _require_at_least("start_weight_version", start_weight_version, 0)
+        require_at_least("start_gen_id", start_gen_id, 0)
+        require_at_least("start_weight_version", start_weight_version, 0)
         self._launch = launch
         self._complete: Complete = complete if complete is not None else _one_group
         self._next_gen_id = start_gen_id
@@ -382,7 +379,7 @@ class BatchRolloutController:
 
         Returns how many were launched. ``gen_id_limit`` is exclusive (see :func:`launch_ceiling`).
         """
-        _require_at_least("max_inflight", max_inflight, 1)
+        require_at_least("max_inflight", max_inflight, 1)
         launched = 0
         while self._next_gen_id < gen_id_limit and len(self._pool) < max_inflight:
             self.submit(build(self._next_gen_id))
@@ -464,8 +461,8 @@ def launch_ceiling(rollout_id: int, sync_interval: int, max_staleness: int, num_
     Raises ``ValueError`` if ``rollout_id < 0``, ``sync_interval < 1``, ``max_staleness < 0`` or
     ``num_rollouts < 0``.
     """
-    _require_at_least("rollout_id", rollout_id, 0)
-    _require_at_least("sync_interval", sync_interval, 1)
-    _require_at_least("max_staleness", max_staleness, 0)
-    _require_at_least("num_rollouts", num_rollouts, 0)
+    require_at_least("rollout_id", rollout_id, 0)
+    require_at_least("sync_interval", sync_interval, 1)
+    require_at_least("max_staleness", max_staleness, 0)
+    require_at_least("num_rollouts", num_rollouts, 0)
     return min(num_rollouts, (rollout_id // sync_interval + max_staleness + 1) * sync_interval)

@@ -41,15 +41,57 @@ Collate = Callable[[list[list[Any]]], Any]
 """``collate(groups) -> batch``: the module's batch type, with its own ``stats`` filled in."""
 
 
+def reward_part_means(rollouts: list[Any], prefix: str = "rollout/reward/") -> dict[str, float]:
+    """``{prefix + name + "_mean": mean}`` of every reward function's own score over ``rollouts``
+    (their ``reward_parts``; a rollout a function had no opinion on is left out of its mean).
+
+    >>> from types import SimpleNamespace as Row
+    >>> reward_part_means([Row(reward_parts={"a": 1.0, "b": 0.0}), Row(reward_parts={"a": 0.0})])
+    {'rollout/reward/a_mean': 0.5, 'rollout/reward/b_mean': 0.0}
+    """
+    sums: dict[str, list[float]] = {}
+    for rollout in rollouts:
+        for name, value in rollout.reward_parts.items():
+            total = sums.setdefault(name, [0.0, 0.0])
+            total[0] += float(value)
+            total[1] += 1.0
+    return {f"{prefix}{name}_mean": total / count for name, (total, count) in sums.items()}
+
+
+def step_stats(
+    rewards: list[list[float]], evicted_groups: int, blocked_s: float, generate_s: float
+) -> dict[str, float]:
+    """The figures every rollout loop logs for one step: the rewards of its groups, the groups evicted
+    so far, and how much generation the trainer waited for (``perf/overlap``: 1 = all hidden).
+
+    >>> step_stats([[1.0, 0.0], [1.0, 1.0]], 0, 0.5, 2.0)["perf/overlap"]
+    0.75
+    """
+    flat = [x for group in rewards for x in group]
+    mean = sum(flat) / len(flat)
+    overlap = 1.0 - min(1.0, blocked_s / generate_s) if generate_s > 0 else 0.0
+    return {
+        "rollout/reward_mean": mean,
+        "rollout/reward_std": (sum((x - mean) ** 2 for x in flat) / max(1, len(flat) - 1)) ** 0.5,
+        "rollout/zero_variance_groups": sum(len(set(g)) == 1 for g in rewards) / len(rewards),
+        "rollout/evicted_groups": float(evicted_groups),
+        "perf/generate_time_s": generate_s,
+        "perf/wait_time_s": blocked_s,
+        "perf/overlap": overlap,
+    }
+
+
 class PromptStream:
     """The prompt batches a loop launches from: one endless pass after another over ``prompts`` (the
     datamodule's train dataloader), relaunches first after a resume, and a position that survives a
     checkpoint. Both rollout loops draw from one.
 
     ``position()`` / ``restore(position)`` are plain dicts (``prompt_batches_used``, ``prompt_epoch``,
-    ``epoch_start``): a restored stream fast-forwards a fresh pass to where it was. A distributed
-    sampler is told the pass number (``set_epoch``), which Lightning cannot do inside one endless
-    epoch, so each pass is reshuffled.
+    ``epoch_start``): a restored stream fast-forwards a fresh pass to where it was. The sampler is
+    told the pass number (``set_epoch``) before each pass, which Lightning cannot do inside one
+    endless epoch: the datamodules' samplers (one rank or several) order pass ``e`` as a function of
+    ``(seed, e)`` only, so each pass is reshuffled and a restored stream replays the order of the
+    pass it was in, yielding exactly the records of that pass it had not handed out yet.
     """
 
     def __init__(self, prompts: Iterable[list[dict[str, Any]]]) -> None:
@@ -98,7 +140,7 @@ class PromptStream:
         self._iter = None
 
 
-class PendingBatch:
+class DeferredBatch:
     """What the loop yields to Lightning: resolved into the real batch by the strategy."""
 
     __slots__ = ("loop",)
@@ -159,6 +201,9 @@ class RolloutLoop:
         self.generate_s = 0.0  # generation time of the jobs reaped since the last batch
         self.score_s = 0.0  # reward time of the jobs reaped since the last batch
         self.groups_per_step: int | None = None
+        # an optional span recorder (``unirl_lightning.timeline.Timeline``: ``span(name, start, end,
+        # **args)``), set by the runtime; None records nothing
+        self.timeline: Any = None
 
     def _build(self, gen_id: int) -> Any:
         records = self.stream.next_records()
@@ -171,7 +216,7 @@ class RolloutLoop:
     def __iter__(self) -> RolloutLoop:
         return self
 
-    def __next__(self) -> PendingBatch:
+    def __next__(self) -> DeferredBatch:
         """A placeholder the strategy turns into the real batch (:meth:`next_batch`) at ``batch_to_device``.
 
         Lightning's fit loop fetches one batch ahead of the step it runs. Draining then would
@@ -179,7 +224,7 @@ class RolloutLoop:
         which breaks ``max_staleness=0``; deferring the step to ``batch_to_device`` runs it after
         that sync, right before ``training_step``.
         """
-        return PendingBatch(self)
+        return DeferredBatch(self)
 
     def launch_limit(self) -> int:
         """The exclusive gen_id bound for launches now (the launch ceiling, shifted by relaunches)."""
@@ -204,13 +249,21 @@ class RolloutLoop:
                 break
             start = time.perf_counter()
             ctl.wait_oldest()
-            self.blocked_s += time.perf_counter() - start
+            self._blocked(time.perf_counter() - start, "oldest")
         return self._make_batch(drained)
 
     def _reap(self) -> None:
         start = time.perf_counter()
         self.controller.poll()
-        self.blocked_s += time.perf_counter() - start  # result transfer is not hidden either
+        self._blocked(time.perf_counter() - start, "poll")  # result transfer is not hidden either
+
+    def _blocked(self, seconds: float, what: str) -> None:
+        """Count ``seconds`` the trainer waited on generation; the timeline gets a ``wait`` span (a
+        poll only when it took more than a millisecond: most take microseconds)."""
+        self.blocked_s += seconds
+        if self.timeline is not None and (what == "oldest" or seconds > 1e-3):
+            end = time.time()
+            self.timeline.span("wait", end - seconds, end, cat="train", on=what)
 
     def _count_evicted(self) -> None:
         for item in self.controller.pop_evicted():
@@ -226,6 +279,19 @@ class RolloutLoop:
                 rollout.weight_version = weight_version
         self.generate_s += result["generate_s"]
         self.score_s += result["score_s"]
+        if self.timeline is not None:
+            for span in result.get("spans", ()):
+                self.timeline.span(
+                    "generate",
+                    span["start"],
+                    span["end"],
+                    cat="rollout",
+                    worker=span["worker"],
+                    gen_id=gen_id,
+                    weight_version=weight_version,
+                    samples=span["samples"],
+                    completion_tokens=span["completion_tokens"],
+                )
         return result["groups"]
 
     def _make_batch(self, drained: list[StampedGroup]) -> Any:
@@ -234,20 +300,12 @@ class RolloutLoop:
         groups = [item.group for item in drained]
         batch = self.collate(groups)
         rewards = [[r.reward for r in group] for group in groups]
-        flat = [x for group in rewards for x in group]
-        mean = sum(flat) / len(flat)
-        overlap = 1.0 - min(1.0, self.blocked_s / self.generate_s) if self.generate_s > 0 else 0.0
         batch.stats.update(
             {
-                "rollout/reward_mean": mean,
-                "rollout/reward_std": (sum((x - mean) ** 2 for x in flat) / max(1, len(flat) - 1)) ** 0.5,
-                "rollout/zero_variance_groups": sum(len(set(g)) == 1 for g in rewards) / len(rewards),
-                "rollout/evicted_groups": float(self.evicted_groups),
+                **step_stats(rewards, self.evicted_groups, self.blocked_s, self.generate_s),
+                **reward_part_means([r for group in groups for r in group]),
                 "rollout/inflight": float(self.controller.inflight),
-                "perf/generate_time_s": self.generate_s,
                 "perf/score_time_s": self.score_s,
-                "perf/wait_time_s": self.blocked_s,
-                "perf/overlap": overlap,
                 **(self.extra_stats() if self.extra_stats else {}),
             }
         )

@@ -15,6 +15,7 @@ record types.
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass, field, fields, replace
 from typing import Any, Literal
 
@@ -44,24 +45,108 @@ def common_group_size(groups: list[list[Any]]) -> int:
 class SamplingParams:
     """How an engine samples completions.
 
-    ``temperature`` is also the temperature at which behaviour log-probs are computed, so the
-    trainer must recompute log-probs at the same temperature (the modules take it from here).
+    Args:
+        temperature: 0 = greedy. Also the temperature of the behaviour log-probs, so the trainer
+            recomputes log-probs at it (the modules take it from here).
+        top_p: nucleus sampling, in ``(0, 1]``; 1 = off.
+        top_k: sample among the ``top_k`` most likely tokens; 0 = off.
+        min_p: drop tokens whose probability is below ``min_p`` times the top token's, in
+            ``[0, 1]``; 0 = off.
+        repetition_penalty: CTRL's penalty on tokens already in the prompt or completion
+            (``> 0``; 1 = off, > 1 discourages repeats).
+        max_new_tokens: the completion's token budget.
+        stop: strings that end a completion (the stop string is kept in the text).
+
+    Which options change the distribution sampled from: ``top_k``, ``min_p`` and ``top_p``
+    truncate it (and renormalise), ``repetition_penalty`` reshapes it; ``temperature`` scales it.
+    The behaviour log-prob of a sampled token is defined as its log-prob under
+    ``softmax(logits / temperature)`` of the raw logits, before any truncation or penalty (TRL's
+    definition; vLLM's default ``logprobs_mode="raw_logprobs"`` is the same at temperature 1), and
+    the trainer recomputes exactly that, so with a truncating or reshaping option the sample comes
+    from the processed distribution while both sides score it under the unprocessed one. The HF
+    and SGLang engines report that value; the vLLM engine asks for
+    ``logprobs_mode="processed_logprobs"`` (after temperature and every processor), which equals
+    it when no truncating or reshaping option is on and otherwise is the processed value (it warns
+    once). Greedy requests report log-probs at temperature 1.
     """
 
     temperature: float = 1.0
     top_p: float = 1.0
     max_new_tokens: int = 16
     stop: tuple[str, ...] = ()
+    top_k: int = 0
+    min_p: float = 0.0
+    repetition_penalty: float = 1.0
 
     def __post_init__(self) -> None:
         require_at_least("temperature", self.temperature, 0)
         require_in_range("top_p", self.top_p, 0, 1, low_open=True)
         require_at_least("max_new_tokens", self.max_new_tokens, 1)
+        if isinstance(self.top_k, bool) or not isinstance(self.top_k, int):
+            raise ValueError(f"top_k must be an int >= 0 (0 = off), got {self.top_k!r}")
+        require_at_least("top_k", self.top_k, 0)
+        require_in_range("min_p", self.min_p, 0, 1)
+        if not self.repetition_penalty > 0:
+            raise ValueError(f"repetition_penalty must be > 0 (1.0 = off), got {self.repetition_penalty!r}")
+        stop = (self.stop,) if isinstance(self.stop, str) else tuple(self.stop)
+        if not all(isinstance(s, str) and s for s in stop):
+            raise ValueError(f"stop must be a list of non-empty strings, got {list(stop)!r}")
+        object.__setattr__(self, "stop", stop)
+
+    @property
+    def reshapes(self) -> list[str]:
+        """The options set here that truncate or reshape the sampled distribution (named as keys)."""
+        if self.temperature == 0:
+            return []
+        names = [("top_p", self.top_p < 1), ("top_k", self.top_k > 0), ("min_p", self.min_p > 0)]
+        names.append(("repetition_penalty", self.repetition_penalty != 1))
+        return [name for name, on in names if on]
+
+
+SEED_BITS = 63
+"""Derived seeds lie in ``[0, 2**63)``: a non-negative int64, which every engine takes as it is
+(``torch.Generator.manual_seed``, vLLM's ``SamplingParams.seed``, SGLang's ``sampling_seed``)."""
+
+
+def derive_seed(*parts: int) -> int:
+    """A seed that is a hash of ``parts`` (ints, any size, any sign), in ``[0, 2**SEED_BITS)``.
+
+    Every seed of a run is derived with it, level by level: a request's from ``(seed, rank, gen_id)``,
+    a worker's part of it from ``(request seed, part index)`` (:meth:`RolloutRequest.split`), and an
+    engine's per-sample (or per-chunk) seeds from ``(part seed, sample or chunk index)``. Unlike sums
+    such as ``seed + rank * 1_000_003 + gen_id + i``, distinct paths give unrelated seeds (two of
+    ``k`` seeds coincide with probability about ``k**2 / 2**64``), and the same parts always give the
+    same seed (BLAKE2b: no process-dependent hashing), so a run is reproducible.
+
+    >>> derive_seed(0, 1) == derive_seed(0, 1) != derive_seed(1, 0)
+    True
+    >>> 0 <= derive_seed(-5, 2**80) < 2**63
+    True
+    """
+    payload = ",".join(str(int(part)) for part in parts).encode()
+    digest = hashlib.blake2b(payload, digest_size=8, person=b"unirl-seed").digest()
+    return int.from_bytes(digest, "little") >> (64 - SEED_BITS)
+
+
+def derive_seeds(seed: int | None, count: int) -> list[int | None]:
+    """The per-sample seeds of ``count`` samples (rows) under ``seed``: ``derive_seed(seed, k)`` for
+    sample ``k``, or ``None`` for each when ``seed`` is None (unseeded). The engines that seed each
+    sample (vLLM, SGLang) take their seeds from here.
+
+    >>> derive_seeds(None, 2)
+    [None, None]
+    >>> derive_seeds(7, 2) == [derive_seed(7, 0), derive_seed(7, 1)]
+    True
+    """
+    return [None] * count if seed is None else [derive_seed(seed, k) for k in range(count)]
 
 
 @dataclass
 class RolloutRequest:
-    """One launch: ``n`` samples for each prompt record (one group per record)."""
+    """One launch: ``n`` samples for each prompt record (one group per record).
+
+    ``seed`` (None = unseeded) is the root of every seed the launch uses (see :func:`derive_seed`):
+    the training loop's request ``gen_id`` of rank ``r`` has ``derive_seed(seed, r, gen_id)``."""
 
     records: list[dict[str, Any]]
     n: int
@@ -73,13 +158,16 @@ class RolloutRequest:
         require_at_least("n", self.n, 1)
 
     def split(self, parts: int) -> list[RolloutRequest]:
-        """Split the records into at most ``parts`` contiguous, non-empty requests (groups never straddle)."""
+        """Split the records into at most ``parts`` contiguous, non-empty requests (groups never
+        straddle); part ``p`` is seeded with ``derive_seed(seed, p)`` (None stays None)."""
         size = -(-len(self.records) // max(1, parts))
         return [
             replace(
-                self, records=self.records[i : i + size], seed=None if self.seed is None else self.seed + i
+                self,
+                records=self.records[start : start + size],
+                seed=None if self.seed is None else derive_seed(self.seed, part),
             )
-            for i in range(0, len(self.records), size)
+            for part, start in enumerate(range(0, len(self.records), size))
         ]
 
 
@@ -99,6 +187,8 @@ class Rollout:
     weight_version: int = -1
     # 1 = a model token (trained), 0 = a tool/environment token (context only); None = all trained
     loss_mask: list[int] | None = None
+    # each reward function's own score (unweighted; a "no opinion" None is left out), by name
+    reward_parts: dict[str, float] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if len(self.logprobs) != len(self.completion_ids):
@@ -117,6 +207,14 @@ class Rollout:
         """What a reward scores: the decoded completion."""
         return self.text
 
+    @staticmethod
+    def reward_columns(rollouts: list[Rollout]) -> dict[str, list[Any]]:
+        """What a TRL-style reward function may also ask for, one entry per rollout."""
+        return {
+            "completion_ids": [list(r.completion_ids) for r in rollouts],
+            "finish_reasons": [r.finish_reason for r in rollouts],
+        }
+
 
 @dataclass
 class AgenticRollout(Rollout):
@@ -133,6 +231,8 @@ class AgenticRollout(Rollout):
     tool_calls: int = 0  # the environment's ``info["tool_calls"]`` at the last step (0 if it has none)
     turn_versions: list[int] = field(default_factory=list)  # engine weight version of each model turn
     truncated: bool = False  # ended by the turn limit
+    truncated_turns: int = 0  # chat model turns the token budget cut (closed, or the episode ended there)
+    context_limited: bool = False  # ended by the context budget (max_context_tokens / max_model_len)
     env_error: str | None = None  # the EnvStepError message when the environment crashed (never trained)
     generate_s: float = 0.0  # this episode's share of the generation calls' time
 
@@ -301,6 +401,12 @@ class DiffusionRollout:
     group_id: int = 0
     gen_id: int = -1
     weight_version: int = -1
+    reward_parts: dict[str, float] = field(default_factory=dict)  # each reward function's own score
+
+    @staticmethod
+    def reward_columns(rollouts: list[DiffusionRollout]) -> dict[str, list[Any]]:
+        """An image has no token ids or finish reason for a reward function to ask for."""
+        return {}
 
     def __post_init__(self) -> None:
         steps = self.log_probs.shape[0]

@@ -8,6 +8,9 @@ from typing import Any, Protocol
 import torch
 
 from unirl_lightning.sharding import full_tensor, is_sharded
+from unirl_lightning.weight_sync.buckets import cast_floating
+
+SERVING_DTYPE_ATTR = "_unirl_serving_dtype"
 
 
 @dataclass
@@ -18,6 +21,14 @@ class SyncStats:
 
 
 class WeightSync(Protocol):
+    """``push`` the model's weights to the workers, labelled ``weight_version``; ``close`` frees what
+    the backend holds.
+
+    Optional: ``resend(workers, weight_version) -> SyncStats | None`` loads the last push again into
+    ``workers`` (a replaced worker) when it was of ``weight_version``, without reading the model (no
+    gather, so no collective), and returns None when it cannot. The rollout runtime calls it first
+    when a worker is replaced (:class:`ObjectStoreWeightSync` implements it)."""
+
     def push(self, model: torch.nn.Module, workers: Any, weight_version: int) -> SyncStats: ...
 
     def close(self) -> None: ...
@@ -55,12 +66,38 @@ def weight_tensors(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     return tensors
 
 
-def named_weights(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+def set_serving_dtype(model: torch.nn.Module, dtype: torch.dtype | None) -> None:
+    """Record on ``model`` the dtype the engines serve its weights in (a model trained on float32
+    masters for a bf16 policy: bf16); pushes cast its floating tensors to it (:func:`serving_dtype`).
+    None = push every tensor as held."""
+    setattr(model, SERVING_DTYPE_ATTR, dtype)
+
+
+def serving_dtype(model: torch.nn.Module) -> torch.dtype | None:
+    """The dtype a push casts ``model``'s floating tensors to (see :func:`set_serving_dtype`), or None."""
+    return getattr(model, SERVING_DTYPE_ATTR, None)
+
+
+def named_weights(model: torch.nn.Module, dtype: torch.dtype | None = None) -> dict[str, torch.Tensor]:
     """:func:`weight_tensors`, whole. A sharded (FSDP2) model's tensors are gathered one at a time
     and each is moved to the host as soon as it is whole (the training device holds one gathered
-    tensor at a time): a collective that every training rank enters with the same model."""
-    return {name: full_tensor(t).cpu() if is_sharded(t) else t for name, t in weight_tensors(model).items()}
+    tensor at a time): a collective that every training rank enters with the same model.
+
+    With ``dtype``, a sharded tensor is cast to it before the gather (each rank casts its shard,
+    so the gather moves the serving dtype); unsharded tensors are returned as held, and a consumer
+    casts them one at a time (:meth:`~unirl_lightning.weight_sync.buckets.PackedWeights.pack`
+    does), so no cast copy of the whole model is ever held on the training device."""
+    return {
+        name: full_tensor(cast_floating(t, dtype)).cpu() if is_sharded(t) else t
+        for name, t in weight_tensors(model).items()
+    }
 
 
-def tensor_bytes(tensors: dict[str, torch.Tensor]) -> int:
-    return sum(t.numel() * t.element_size() for t in tensors.values())
+def pushed_dtype(tensor: torch.Tensor, dtype: torch.dtype | None) -> torch.dtype:
+    """The dtype ``tensor`` travels in when a push casts to ``dtype`` (see :func:`cast_floating`)."""
+    return dtype if dtype is not None and tensor.is_floating_point() else tensor.dtype
+
+
+def tensor_bytes(tensors: dict[str, torch.Tensor], dtype: torch.dtype | None = None) -> int:
+    """Bytes of ``tensors`` as a push casting to ``dtype`` moves them."""
+    return sum(t.numel() * pushed_dtype(t, dtype).itemsize for t in tensors.values())

@@ -20,6 +20,28 @@ import torch
 NamedTensor = tuple[str, torch.Tensor]
 
 
+def cast_floating(tensor: torch.Tensor, dtype: torch.dtype | None) -> torch.Tensor:
+    """``tensor`` in ``dtype`` if it is floating and of another dtype (a new tensor, rounded to
+    nearest even, as autocast rounds a float32 master for a bf16 matmul), else ``tensor`` itself.
+    ``dtype=None`` casts nothing. Works on a ``DTensor`` shard too (each rank casts its own part).
+
+    >>> cast_floating(torch.tensor([1.0 + 2**-10]), torch.bfloat16)
+    tensor([1.], dtype=torch.bfloat16)
+    >>> cast_floating(torch.tensor([3]), torch.bfloat16).dtype
+    torch.int64
+    """
+    if dtype is None or not tensor.is_floating_point() or tensor.dtype == dtype:
+        return tensor
+    return tensor.detach().to(dtype)
+
+
+def cast_named(named_tensors: Iterable[NamedTensor], dtype: torch.dtype | None) -> Iterator[NamedTensor]:
+    """``(name, cast_floating(tensor, dtype))``, lazily: one cast copy alive at a time if the
+    consumer drops each before taking the next (a bucket at a time if it keeps a bucket)."""
+    for name, tensor in named_tensors:
+        yield name, cast_floating(tensor, dtype)
+
+
 def layer_of(name: str, seen_layer: bool) -> str:
     """The layer a weight belongs to: its name up to the first numeric segment
     (``model.layers.3.mlp.up_proj.weight`` -> ``model.layers.3``); weights outside every layer
@@ -90,15 +112,20 @@ class PackedWeights:
     arrays: tuple[np.ndarray, ...]
 
     @classmethod
-    def pack(cls, named_tensors: Iterable[NamedTensor]) -> PackedWeights:
-        named = list(named_tensors)
-        return cls(
-            names=tuple(name for name, _ in named),
-            dtypes=tuple(str(t.dtype).removeprefix("torch.") for _, t in named),
-            shapes=tuple(tuple(t.shape) for _, t in named),
+    def pack(cls, named_tensors: Iterable[NamedTensor], dtype: torch.dtype | None = None) -> PackedWeights:
+        """Pack ``named_tensors``; with ``dtype``, every floating tensor is first cast to it
+        (:func:`cast_floating`), one tensor at a time, on its own device, before its host copy."""
+        names: list[str] = []
+        dtypes: list[str] = []
+        shapes: list[tuple[int, ...]] = []
+        arrays: list[np.ndarray] = []
+        for name, tensor in cast_named(named_tensors, dtype):
+            names.append(name)
+            dtypes.append(str(tensor.dtype).removeprefix("torch."))
+            shapes.append(tuple(tensor.shape))
             # a view of each tensor's bytes (no copy for a contiguous CPU tensor): the put copies
-            arrays=tuple(_flat_bytes(t).numpy() for _, t in named),
-        )
+            arrays.append(_flat_bytes(tensor).numpy())
+        return cls(names=tuple(names), dtypes=tuple(dtypes), shapes=tuple(shapes), arrays=tuple(arrays))
 
     def tensors(self) -> list[NamedTensor]:
         """The ``(name, tensor)`` pairs, as views of the arrays: after a ``ray.get`` they are views of

@@ -2,7 +2,8 @@
 
 The group is NOT Lightning's default process group: it is built from its own ``TCPStore`` between
 the trainer's rank 0 (rank 0 of this group) and every rollout worker (ranks 1..N), with gloo on
-CPU and nccl on GPU. Tensors travel in dtype-homogeneous buckets of at most ``bucket_mb``. Every
+CPU and nccl on GPU. Tensors travel in dtype-homogeneous buckets of at most ``bucket_mb``, floating
+ones in the model's serving dtype (cast bucket by bucket: float32 masters of a bf16 policy go as bf16). Every
 collective waits at most ``timeout_s``; on expiry a ``RuntimeError`` names the step, the bucket and
 the version, and the group is torn down so that the next push starts a fresh one (never a hang).
 """
@@ -12,15 +13,22 @@ from __future__ import annotations
 import datetime
 import socket
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import ray
 import torch
 import torch.distributed as dist
 
-from unirl_lightning.sharding import full_tensor
-from unirl_lightning.weight_sync.base import SyncStats, tensor_bytes, weight_tensors
-from unirl_lightning.weight_sync.buckets import weight_buckets
+from unirl_lightning.sharding import full_tensor, is_sharded
+from unirl_lightning.weight_sync.base import (
+    SyncStats,
+    pushed_dtype,
+    serving_dtype,
+    tensor_bytes,
+    weight_tensors,
+)
+from unirl_lightning.weight_sync.buckets import cast_floating, weight_buckets
 
 Layout = list[list[tuple[str, tuple[int, ...]]]]  # buckets of (name, shape)
 
@@ -43,41 +51,111 @@ def _make_group(backend: str, host: str, port: int, rank: int, world_size: int, 
     return dist.ProcessGroupNCCL(store, rank, world_size, options)
 
 
-def _bucket_layout(tensors: dict[str, torch.Tensor], bucket_bytes: int) -> tuple[Layout, list[torch.dtype]]:
-    """The (name, shape) layout of each dtype-homogeneous bucket, and each bucket's dtype."""
-    buckets = list(weight_buckets(tensors.items(), bucket_bytes))
+def _bucket_layout(
+    tensors: dict[str, torch.Tensor], bucket_bytes: int, dtype: torch.dtype | None = None
+) -> tuple[Layout, list[torch.dtype]]:
+    """The (name, shape) layout of each dtype-homogeneous bucket, and each bucket's dtype, for the
+    tensors as they travel (floating ones cast to ``dtype``; sized on meta tensors, nothing copied)."""
+    shapes = {
+        name: torch.empty(tuple(t.shape), dtype=pushed_dtype(t, dtype), device="meta")
+        for name, t in tensors.items()
+    }
+    buckets = list(weight_buckets(shapes.items(), bucket_bytes))
     layout = [[(name, tuple(t.shape)) for name, t in bucket] for bucket in buckets]
     return layout, [bucket[0][1].dtype for bucket in buckets]
 
 
-# --- worker side (run inside the rollout worker through RolloutWorker.run) -----------------------
-def _worker_join(
-    worker: Any, backend: str, host: str, port: int, rank: int, world_size: int, timeout_s: float
-):
-    worker.collective_group = _make_group(backend, host, port, rank, world_size, timeout_s)
-    worker.collective_timeout_s = timeout_s
-    return rank
+def receive_device(backend: str) -> torch.device:
+    """Where a worker's receive buffers live: gloo broadcasts host tensors, NCCL device tensors on the
+    worker's own GPU. Inside a Ray actor the GPUs Ray assigned are the only visible ones, so that is
+    ``cuda:0`` whatever ordinal the trainer's tensors have (``cuda:k`` there would be another GPU, or
+    an invalid ordinal)."""
+    if backend == "nccl":
+        return torch.device("cuda", 0)
+    return torch.device("cpu")
 
 
-def _worker_receive(worker: Any, layout: Layout, dtypes: list[torch.dtype], weight_version: int, device: str):
-    group = worker.collective_group
-    timeout = datetime.timedelta(seconds=worker.collective_timeout_s)
-    named: list[tuple[str, torch.Tensor]] = []
-    for bucket, dtype in zip(layout, dtypes):
-        numel = sum(int(torch.Size(shape).numel()) for _, shape in bucket)
-        flat = torch.empty(numel, dtype=dtype, device=device)
-        group.broadcast([flat], dist.BroadcastOptions()).wait(timeout)
-        offset = 0
-        for name, shape in bucket:
-            n = int(torch.Size(shape).numel())
-            named.append((name, flat[offset : offset + n].view(shape)))
-            offset += n
-    worker.engine.load_weights(named, weight_version)
-    return weight_version
+def _check_replaceable(tensors: dict[str, torch.Tensor], workers: Any) -> None:
+    """Refuse a model sharded over several ranks when workers may be replaced: a replacement is
+    served by one rank alone, and this backend can only send it the weights by gathering the shards
+    (a collective the other ranks are not in). Checked at every push, so at setup's first push every
+    rank refuses at the same point, before any collective."""
+    if getattr(workers, "max_restarts", 0) == 0 or not any(is_sharded(t) for t in tensors.values()):
+        return
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        raise ValueError(
+            "weight_sync='collective' cannot feed a replaced rollout worker of a sharded (FSDP) model "
+            f"over {dist.get_world_size()} ranks (it would gather the shards on one rank alone): use "
+            "weight_sync='object_store', which re-sends its last push to a replacement, or "
+            f"max_worker_restarts=0 (got {workers.max_restarts})"
+        )
 
 
-def _worker_leave(worker: Any) -> None:
-    worker.collective_group = None
+def dtype_names(dtypes: list[torch.dtype | str]) -> list[str]:
+    """Bucket dtypes as strings (``torch.bfloat16`` -> ``"bfloat16"``): what crosses a msgpack RPC
+    (vLLM's ``collective_rpc`` to its engine-core process) where a ``torch.dtype`` cannot."""
+    return [d if isinstance(d, str) else str(d).removeprefix("torch.") for d in dtypes]
+
+
+def wire_layout(layout: Layout) -> list[list[list[Any]]]:
+    """``layout`` as plain lists (``[[name, [dims...]], ...]`` per bucket), msgpack-able as it is."""
+    return [[[name, [int(d) for d in shape]] for name, shape in bucket] for bucket in layout]
+
+
+def _as_dtype(dtype: torch.dtype | str) -> torch.dtype:
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    resolved = getattr(torch, str(dtype).removeprefix("torch."), None)
+    if not isinstance(resolved, torch.dtype):
+        raise ValueError(f"not a torch dtype: {dtype!r}")
+    return resolved
+
+
+class CollectiveReceiver:
+    """The worker's member of the weight-sync group (rank ``rank`` of ``world_size``): receives each
+    bucket into a buffer on ``device`` (default :func:`receive_device`) and hands the named tensors
+    to the engine.
+
+    Held by a rollout worker between ``join_weight_group`` and ``leave_weight_group``, or, for an
+    engine that is a group member of its own (vLLM), by the engine's own worker process."""
+
+    def __init__(
+        self,
+        backend: str,
+        host: str,
+        port: int,
+        rank: int,
+        world_size: int,
+        timeout_s: float,
+        device: torch.device | str | None = None,
+    ) -> None:
+        self.group = _make_group(backend, host, port, rank, world_size, timeout_s)
+        self.device = torch.device(device) if device is not None else receive_device(backend)
+        self.timeout = datetime.timedelta(seconds=timeout_s)
+
+    def buckets(
+        self, layout: Layout | list[Any], dtypes: list[torch.dtype | str]
+    ) -> Iterator[list[tuple[str, torch.Tensor]]]:
+        """Each bucket, as it arrives, as ``(name, view of its fresh flat buffer)`` pairs (shapes and
+        dtypes may come as lists and strings). Lazy: bucket ``k + 1`` is received when asked for,
+        so a consumer can load each bucket before the next one is allocated."""
+        for bucket, dtype in zip(layout, dtypes):
+            shapes = [(name, torch.Size(shape)) for name, shape in bucket]
+            flat = torch.empty(sum(s.numel() for _, s in shapes), dtype=_as_dtype(dtype), device=self.device)
+            self.group.broadcast([flat], dist.BroadcastOptions()).wait(self.timeout)
+            named: list[tuple[str, torch.Tensor]] = []
+            offset = 0
+            for name, shape in shapes:
+                n = int(shape.numel())
+                named.append((name, flat[offset : offset + n].view(shape)))
+                offset += n
+            yield named
+
+    def receive(
+        self, layout: Layout | list[Any], dtypes: list[torch.dtype | str]
+    ) -> list[tuple[str, torch.Tensor]]:
+        """Every bucket of the push, as one list of named tensors."""
+        return [item for bucket in self.buckets(layout, dtypes) for item in bucket]
 
 
 class CollectiveWeightSync:
@@ -108,13 +186,13 @@ class CollectiveWeightSync:
             host = ray.util.get_node_ip_address()
         world_size = len(workers.workers) + 1
         joins = [
-            w.run.remote(_worker_join, backend, host, port, i + 1, world_size, self.timeout_s)
+            w.join_weight_group.remote(backend, host, port, i + 1, world_size, self.timeout_s)
             for i, w in enumerate(workers.workers)
         ]
         self._group = _make_group(backend, host, port, 0, world_size, self.timeout_s)
         self._get(joins, "joining the weight-sync group")
         self._workers_key = tuple(workers.workers)
-        self._device = device
+        self._send_device = device if backend == "nccl" else torch.device("cpu")
 
     def _get(self, refs: list[Any], what: str) -> list[Any]:
         try:
@@ -129,17 +207,20 @@ class CollectiveWeightSync:
         start = time.perf_counter()
         # as the trainer holds them: a sharded model is gathered bucket by bucket below, never whole
         tensors = weight_tensors(model)
+        _check_replaceable(tensors, workers)
         device = next(iter(tensors.values())).device
         if self._group is None or self._workers_key != tuple(workers.workers):
             self._connect(workers, device)
-        layout, dtypes = _bucket_layout(tensors, self.bucket_bytes)
-        receive = [
-            w.run.remote(_worker_receive, layout, dtypes, weight_version, str(device))
-            for w in workers.workers
-        ]
+        dtype = serving_dtype(model)  # float32 masters of a bf16 policy travel as bf16
+        layout, dtypes = _bucket_layout(tensors, self.bucket_bytes, dtype)
+        receive = [w.receive_weights.remote(layout, dtypes, weight_version) for w in workers.workers]
         timeout = datetime.timedelta(seconds=self.timeout_s)
         for index, bucket in enumerate(layout):
-            flat = torch.cat([full_tensor(tensors[name]).reshape(-1) for name, _ in bucket])
+            # cast bucket by bucket, each shard before its gather
+            flat = torch.cat(
+                [full_tensor(cast_floating(tensors[name], dtype)).reshape(-1) for name, _ in bucket]
+            )
+            flat = flat.to(self._send_device)  # NCCL sends from the trainer's GPU, gloo from the host
             try:
                 self._group.broadcast([flat], dist.BroadcastOptions()).wait(timeout)
             except RuntimeError as exc:
@@ -149,7 +230,7 @@ class CollectiveWeightSync:
                     f"{len(layout)} of weight_version {weight_version}: {exc}"
                 ) from exc
         self._get(receive, f"loading weight_version {weight_version}")
-        return SyncStats(time.perf_counter() - start, tensor_bytes(tensors), len(tensors))
+        return SyncStats(time.perf_counter() - start, tensor_bytes(tensors, dtype), len(tensors))
 
     def close(self) -> None:
         self._group = None

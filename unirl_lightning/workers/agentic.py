@@ -35,9 +35,9 @@ import ray
 
 from unirl_lightning.envs.base import EnvStepError
 from unirl_lightning.envs.coordinator import EpisodeRequest
-from unirl_lightning.rollout.agentic import AgenticRolloutController, root_of
+from unirl_lightning.rollout.agentic import root_of
 
-__all__ = ["WorkerEpisodeCoordinator", "agentic_controller"]
+__all__ = ["WorkerEpisodeCoordinator"]
 
 log = logging.getLogger(__name__)
 
@@ -49,7 +49,8 @@ class WorkerEpisodeCoordinator:
         workers: the rollout worker group (its ``workers`` list is read at every call).
         env: the environment spec the workers build episodes from.
         sampling: the per-turn sampling parameters.
-        on_env_error: ``"raise"`` or ``"drop"`` (see :mod:`unirl_lightning.envs.coordinator`).
+        settings: the episodes' :class:`~unirl_lightning.envs.coordinator.EpisodeSettings` (environment
+            errors, truncated turns, context budget), or just ``on_env_error`` (``"raise"``/``"drop"``).
         call_timeout_s: deadline of ``submit`` / ``poll`` / ``finalize_if_drained`` (they do not wait
             for generation).
         abort_timeout_s: deadline of ``abort``, which waits for the turn in progress.
@@ -65,14 +66,14 @@ class WorkerEpisodeCoordinator:
         workers: Any,
         env: Any,
         sampling: Any,
-        on_env_error: str = "raise",
+        settings: Any = "raise",
         call_timeout_s: float = 120.0,
         abort_timeout_s: float = 600.0,
     ) -> None:
         self.workers = workers
         self.env = env
         self.sampling = sampling
-        self.on_env_error = on_env_error
+        self.settings = settings
         self.call_timeout_s = call_timeout_s
         self.abort_timeout_s = abort_timeout_s
         self._suspended: list[str] = []
@@ -95,7 +96,7 @@ class WorkerEpisodeCoordinator:
         self._suspended = []
         self._gather(
             "agentic_submit",
-            [(self.env, self.sampling, self.on_env_error, part) for part in parts],
+            [(self.env, self.sampling, self.settings, part) for part in parts],
             self.call_timeout_s,
         )
 
@@ -131,7 +132,7 @@ class WorkerEpisodeCoordinator:
         actors = list(self.workers.workers)
         parts = [requests[i :: len(actors)] for i in range(len(actors))]
         refs = [
-            actor.agentic_evaluate.remote(self.env, sampling, part, timeout_s)
+            actor.agentic_evaluate.remote(self.env, sampling, part, timeout_s, self.settings)
             for actor, part in zip(actors, parts)
             if part
         ]
@@ -188,26 +189,7 @@ class WorkerEpisodeCoordinator:
             return [], [request.sample_id for request in lost]
         if lost:
             restart = self.workers.workers[index].agentic_submit.remote(
-                self.env, self.sampling, self.on_env_error, lost
+                self.env, self.sampling, self.settings, lost
             )
             ray.get(restart, timeout=self.call_timeout_s)
         return {"agentic_submit": None, "agentic_poll": [], "agentic_finalize_if_drained": not lost}[method]
-
-
-def agentic_controller(
-    workers: Any, spec: Any, state: dict[str, Any], abort_timeout_s: float
-) -> tuple[WorkerEpisodeCoordinator, AgenticRolloutController]:
-    """The coordinator over ``workers`` for a module's rollout ``spec`` (``spec.agentic`` set) and the
-    controller that drives it, resuming the version ledger of a checkpoint's loop ``state``."""
-    agentic = spec.agentic
-    coordinator = WorkerEpisodeCoordinator(
-        workers, agentic.env, spec.sampling, agentic.on_env_error, abort_timeout_s=abort_timeout_s
-    )
-    controller = AgenticRolloutController(
-        coordinator,
-        spec.num_generations,
-        agentic.tail_policy,
-        start_gen_id=state.get("next_gen_id", 0),
-        start_weight_version=state.get("weight_version", 0),
-    )
-    return coordinator, controller

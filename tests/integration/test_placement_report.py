@@ -1,0 +1,119 @@
+"""The placement wiring of the rollout runtime: the settings reach the worker group, vLLM's
+tensor_parallel_size follows num_gpus_per_worker, every run writes ``placement.json`` into its log
+folder, and a worker on a training rank's GPU fails setup under ``placement="separate"``."""
+
+from __future__ import annotations
+
+import json
+import os
+from types import SimpleNamespace
+
+import pytest
+import ray
+import torch
+
+import unirl_lightning.workers as workers_package
+from tests.builders import fit_tiny, rollout_settings
+from unirl_lightning.engines.vllm import VLLMEngineConfig
+from unirl_lightning.models import TinyCausalLM
+from unirl_lightning.runtime.base import RolloutRuntime
+from unirl_lightning.strategy import AsyncRolloutStrategy
+
+
+def settings(**overrides):
+    return rollout_settings(**{"engine": "hf", "num_workers": 2, **overrides})
+
+
+def runtime(**overrides) -> RolloutRuntime:
+    spec = SimpleNamespace(family="token", policy=TinyCausalLM(), lora=None, reward=None)
+    return RolloutRuntime(spec, settings(**overrides), weight_sync=SimpleNamespace(push=lambda *a: None))
+
+
+def test_the_runtime_hands_the_placement_settings_to_the_worker_group(monkeypatch):
+    asked = {}
+
+    class RecordingGroup:
+        def __init__(self, *args, **kwargs):
+            asked.update(kwargs)
+
+    monkeypatch.setattr(workers_package, "RolloutWorkerGroup", RecordingGroup)
+    rt = runtime(num_gpus_per_worker=2, worker_resources={"rollout_node": 1}, worker_layout="per_gpu")
+    rt._make_controller = lambda state: SimpleNamespace(weight_version=0)
+    rt.start(policy=None)
+    assert {k: asked[k] for k in ("num_workers", "num_cpus_per_worker", "num_gpus_per_worker")} == {
+        "num_workers": 2,
+        "num_cpus_per_worker": 1,
+        "num_gpus_per_worker": 2,
+    }
+    assert asked["resources_per_worker"] == {"rollout_node": 1} and asked["layout"] == "per_gpu"
+
+
+def test_vllm_tensor_parallel_size_follows_num_gpus_per_worker_or_must_agree():
+    assert VLLMEngineConfig().tensor_parallel_size is None  # "follow num_gpus_per_worker"
+    assert runtime(engine=VLLMEngineConfig(), num_gpus_per_worker=2).engine_config().tensor_parallel_size == 2
+    assert runtime(engine=VLLMEngineConfig(), num_gpus_per_worker=0).engine_config().tensor_parallel_size == 1
+    same = runtime(engine=VLLMEngineConfig(tensor_parallel_size=4), num_gpus_per_worker=4)
+    assert same.engine_config().tensor_parallel_size == 4
+    with pytest.raises(ValueError, match="tensor_parallel_size=1 and num_gpus_per_worker=2 disagree"):
+        runtime(engine=VLLMEngineConfig(tensor_parallel_size=1), num_gpus_per_worker=2).engine_config()
+    with pytest.raises(ValueError, match="tensor_parallel_size must be > 0"):
+        VLLMEngineConfig(tensor_parallel_size=0)
+
+
+def test_the_placement_settings_are_checked():
+    with pytest.raises(ValueError, match="worker_layout"):
+        settings(worker_layout="spread")
+    with pytest.raises(ValueError, match="per_gpu.*whole num_gpus_per_worker"):
+        settings(worker_layout="per_gpu", num_gpus_per_worker=0.5)
+    with pytest.raises(ValueError, match="worker_resources\\['rollout_node'\\] must be > 0"):
+        settings(worker_resources={"rollout_node": 0})
+
+
+def _fake_trainer(device: str) -> SimpleNamespace:
+    return SimpleNamespace(
+        world_size=1, loggers=[], strategy=SimpleNamespace(root_device=torch.device(device))
+    )
+
+
+def test_a_worker_on_a_training_gpu_fails_setup_under_separate_placement(monkeypatch):
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "5,3")  # the trainer's cuda:1 is GPU 3
+    ip = ray.util.get_node_ip_address()
+    row = {
+        "worker": 0,
+        "node_ip": ip,
+        "node_id": "n" * 56,
+        "pid": 1,
+        "gpu_ids": ["3"],
+        "cuda_visible_devices": "3",
+    }
+    for placement in ("separate", "colocate"):
+        rt = runtime(placement=placement, max_staleness=0, max_inflight=1)
+        rt.workers = SimpleNamespace(call=lambda method, timeout_s: [dict(row)])
+        if placement == "separate":
+            with pytest.raises(
+                RuntimeError, match="rollout worker 0 shares GPU 3 on .* with training rank 0"
+            ):
+                rt.report_placement(_fake_trainer("cuda:1"))
+        else:  # colocated engines share the trainer's GPU by design
+            report = rt.report_placement(_fake_trainer("cuda:1"))
+            assert report["overlaps"] and report["trainers"][0]["gpu_ids"] == ["3"]
+    rt.workers = SimpleNamespace(call=lambda method, timeout_s: [dict(row, gpu_ids=["5"])])
+    assert rt.report_placement(_fake_trainer("cuda:1"))["overlaps"] == []
+
+
+@pytest.mark.slow
+def test_a_tiny_fit_writes_placement_json_into_its_log_folder(tmp_path, ray_local):
+    strategy = AsyncRolloutStrategy(max_staleness=0, max_inflight=1, num_workers=2)
+    try:
+        trainer, _, _ = fit_tiny(tmp_path, max_steps=1, strategy=strategy)
+        saved = json.loads((tmp_path / "run" / "version_0" / "placement.json").read_text())
+        assert trainer.log_dir == str(tmp_path / "run" / "version_0")
+    finally:
+        strategy.shutdown()
+    (row,) = saved["trainers"]
+    assert row["rank"] == 0 and row["device"] == "cpu" and row["gpu_ids"] == [] and row["pid"] == os.getpid()
+    assert [(w["rank"], w["worker"]) for w in saved["workers"]] == [(0, 0), (0, 1)]
+    pids = {w["pid"] for w in saved["workers"]}
+    assert len(pids) == 2 and os.getpid() not in pids  # the workers are actors of their own
+    assert all(w["node_ip"] == row["node_ip"] and w["gpu_ids"] == [] for w in saved["workers"])
+    assert saved["overlaps"] == []

@@ -1,0 +1,65 @@
+"""pass@k (the unbiased estimator, by hand), mean@n and maj@n (math-verify's majority answer)."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+
+from unirl_lightning.callbacks import RolloutEvalCallback
+from unirl_lightning.callbacks.eval import group_metrics, majority_correct, mean_pass_at_k, pass_at_k
+
+
+def test_pass_at_k_by_hand():
+    # n=5, c=2: pass@1 = 2/5; pass@2 = 1 - C(3,2)/C(5,2) = 1 - 3/10; pass@3 = 1 - C(3,3)/C(5,3) = 1 - 1/10
+    assert pass_at_k(5, 2, 1) == pytest.approx(0.4)
+    assert pass_at_k(5, 2, 2) == pytest.approx(0.7)
+    assert pass_at_k(5, 2, 3) == pytest.approx(0.9)
+    assert pass_at_k(5, 2, 4) == 1.0  # n - c < k: every draw of 4 holds a correct one
+    assert pass_at_k(5, 0, 5) == 0.0 and pass_at_k(5, 5, 1) == 1.0
+    # averaged over prompts: (0.4 + 0.0) / 2 at k=1, (0.7 + 0.0) / 2 at k=2
+    assert mean_pass_at_k([(5, 2), (5, 0)], 1) == pytest.approx(0.2)
+    assert mean_pass_at_k([(5, 2), (5, 0)], 2) == pytest.approx(0.35)
+
+
+@pytest.mark.parametrize(("n", "c", "k"), [(4, 1, 0), (4, 1, 5), (4, 5, 1)])
+def test_pass_at_k_refuses_impossible_arguments(n, c, k):
+    with pytest.raises(ValueError, match="pass@k"):
+        pass_at_k(n, c, k)
+
+
+def test_majority_vote_groups_equal_answers_and_skips_unparsable_ones():
+    pytest.importorskip("math_verify")
+    # "4" twice (one written 4.0) beats "5" once; the unparsable completion does not vote
+    assert majority_correct(["5", "4", "no answer here", "4.0"], "4")
+    assert not majority_correct(["5", "5", "4"], "4")
+    assert not majority_correct(["???", "..."], "4")  # nothing parsable: wrong
+    assert majority_correct(["4", "5"], "4")  # a tie goes to the answer given first
+
+
+def rollout(reward: float, text: str = ""):
+    return SimpleNamespace(reward=reward, text=text)
+
+
+def test_group_metrics():
+    pytest.importorskip("math_verify")
+    groups = [
+        [rollout(1.0, "4"), rollout(0.0, "5"), rollout(1.0, "4"), rollout(0.0, "x")],  # c=2, majority 4
+        [rollout(0.0, "7"), rollout(0.0, "7"), rollout(0.0, "8"), rollout(1.0, "3")],  # c=1, majority 7
+    ]
+    records = [{"prompt": "a", "answer": "4"}, {"prompt": "b", "answer": "3"}]
+    metrics = group_metrics(groups, records, 1.0, [1, 2, 4], "answer")
+    assert metrics["eval/pass@1"] == pytest.approx((2 / 4 + 1 / 4) / 2)
+    assert metrics["eval/pass@2"] == pytest.approx(((1 - 1 / 6) + (1 - 3 / 6)) / 2)
+    assert metrics["eval/pass@4"] == 1.0
+    assert metrics["eval/mean@4"] == pytest.approx(0.375)
+    assert metrics["eval/maj@4"] == 0.5
+    no_answers = group_metrics(groups, [{"prompt": "a"}, {"prompt": "b"}], 1.0, [1], "answer")
+    assert "eval/maj@4" not in no_answers
+
+
+def test_callback_logs_pass_at_1_and_n_and_checks_pass_k():
+    assert RolloutEvalCallback(num_generations=4).pass_k == [1, 4]
+    assert RolloutEvalCallback(num_generations=8, pass_k=[2, 4]).pass_k == [1, 2, 4, 8]
+    with pytest.raises(ValueError, match="pass_k"):
+        RolloutEvalCallback(num_generations=4, pass_k=[5])

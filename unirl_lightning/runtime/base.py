@@ -1,0 +1,412 @@
+"""The rollout runtime: one family's rollout side, behind the small interface the strategy calls.
+
+Who calls it
+    The strategy (:class:`~unirl_lightning.strategy.RolloutStrategyMixin`), from Lightning's hooks:
+    ``start`` at setup, ``make_loop`` for the training dataloader, ``resolve`` at ``batch_to_device``,
+    ``sync_weights`` from the sync verb, ``evaluate``, ``state_dict`` / ``load_state_dict`` for
+    checkpoints, ``shutdown`` at teardown. The strategy never asks which family it runs.
+
+What a runtime owns
+    Its workers (a :class:`~unirl_lightning.workers.group.RolloutWorkerGroup` of its actor class),
+    its controller (version ledger, in-flight bookkeeping, buffers) and its loop (the training
+    policy of ``rollout/``, which stays standard-library only), its evaluation, its rollout state,
+    its engine default and its family checks. A new family adds a runtime, not branches.
+
+Guarantees (every family)
+    The workers start from the trainer's weights at the current version (no bump); a replaced
+    worker gets the current weights before its lost requests run again; :meth:`sync_weights`
+    quiesces (waits for or aborts everything in flight), pushes and advances the version once;
+    evaluation never pushes and never changes the version.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+import time
+from dataclasses import dataclass
+from typing import Any, ClassVar, Literal
+
+from unirl_lightning.checks import require_at_least, require_choice, require_positive
+from unirl_lightning.engines import EngineConfig, check_engine_name, resolve_engine
+from unirl_lightning.timeline import Timeline
+
+__all__ = [
+    "Placement",
+    "RolloutRuntime",
+    "RolloutSettings",
+    "WorkerLayout",
+    "check_rollout_settings",
+    "cpu_threads",
+    "rank_share",
+]
+
+Placement = Literal["separate", "colocate"]
+WorkerLayout = Literal["actor", "per_gpu"]
+
+
+def check_rollout_settings(placement: str, max_staleness: int, max_inflight: int) -> None:
+    """The rules between rollout settings, checked once (the strategy and the CLI call this)."""
+    require_choice("placement", placement, Placement)
+    require_at_least("max_staleness", max_staleness, 0)
+    require_at_least("max_inflight", max_inflight, 1)
+    if placement == "colocate" and (max_staleness > 0 or max_inflight > 1):
+        raise ValueError(
+            "placement='colocate' runs generation and training on the same device in turn, so it cannot "
+            f"overlap them: it needs max_staleness=0 and max_inflight=1, got max_staleness={max_staleness}, "
+            f"max_inflight={max_inflight}; use placement='separate' for async training"
+        )
+
+
+@dataclass(frozen=True)
+class RolloutSettings:
+    """The strategy's rollout settings (its ``init_rollout`` arguments, documented there), checked
+    once here; ``rank`` and ``worker_threads`` are filled in at setup."""
+
+    engine: Any
+    max_staleness: int
+    max_inflight: int
+    num_workers: int
+    num_cpus_per_worker: float
+    num_gpus_per_worker: float
+    placement: str
+    seed: int
+    trainer_threads: int | None
+    generation_timeout_s: float
+    max_worker_restarts: int
+    rank: int = 0
+    worker_threads: int | None = None  # the CPU rule's share of each local worker (engines on "auto")
+    worker_resources: dict[str, float] | None = None
+    worker_layout: str = "actor"
+
+    def __post_init__(self) -> None:
+        check_rollout_settings(self.placement, self.max_staleness, self.max_inflight)
+        if isinstance(self.engine, str):
+            check_engine_name(self.engine)
+        require_at_least("num_workers", self.num_workers, 1)
+        require_at_least("max_worker_restarts", self.max_worker_restarts, 0)
+        if self.trainer_threads is not None:
+            require_at_least("trainer_threads", self.trainer_threads, 1)
+        require_positive("generation_timeout_s", self.generation_timeout_s)
+        require_choice("worker_layout", self.worker_layout, WorkerLayout)
+        for key, amount in (self.worker_resources or {}).items():
+            require_positive(f"worker_resources[{key!r}]", amount)
+        gpus = float(self.num_gpus_per_worker)
+        if self.worker_layout == "per_gpu" and not (gpus >= 1 and gpus.is_integer()):
+            raise ValueError(f"worker_layout='per_gpu' needs a whole num_gpus_per_worker >= 1, got {gpus:g}")
+
+    @property
+    def synchronous(self) -> bool:
+        """Generation and training take turns (nothing overlaps): ``max_inflight=1, max_staleness=0``."""
+        return self.max_inflight == 1 and self.max_staleness == 0
+
+    def cpu_threads(self, world_size: int, num_nodes: int) -> dict[str, int]:
+        """:func:`cpu_threads` for a run of ``world_size`` ranks on ``num_nodes`` nodes, whose local
+        workers are this node's unless Ray is a joined cluster (``RAY_ADDRESS``)."""
+        local_ranks = max(1, world_size // max(1, num_nodes))
+        local_workers = 0 if os.environ.get("RAY_ADDRESS") else local_ranks * self.num_workers
+        return cpu_threads(
+            os.cpu_count() or 1, local_ranks, local_workers, self.synchronous, self.num_cpus_per_worker
+        )
+
+    @property
+    def rank_seed(self) -> int:
+        """The base seed of this rank's agentic episodes (each turn's seed is a hash of its episode's,
+        ``envs.coordinator.turn_seed``); batch requests are seeded ``derive_seed(seed, rank, gen_id)``."""
+        return self.seed + self.rank * 1_000_003
+
+
+def rank_share(state: dict[str, Any], world_size: int, rank: int) -> dict[str, Any]:
+    """``rank``'s part of a checkpoint's rollout state (``{"world_size": W, "ranks": [...]}``; a single
+    rank's state is accepted as is); a checkpoint of another number of ranks is refused."""
+    if "ranks" not in state:
+        return dict(state)
+    if state["world_size"] != world_size:
+        raise ValueError(
+            f"the checkpoint was written by {state['world_size']} training rank(s) and this run has "
+            f"{world_size}: resume with the same number of ranks (each rank's prompt stream and "
+            "in-flight requests are its own)"
+        )
+    return dict(state["ranks"][rank])
+
+
+def cpu_threads(
+    cores: int,
+    local_ranks: int,
+    local_workers: int,
+    synchronous: bool,
+    num_cpus_per_worker: float,
+) -> dict[str, int]:
+    """The CPU rule: cores on this node for the trainer (per local rank) and for each local worker.
+
+    Synchronous runs take turns, so the side that is working gets every core (the idle side's
+    threads sleep). Async runs overlap: each local worker keeps ``ceil(num_cpus_per_worker)``
+    cores and the trainers share the rest (at least 1 each). With no local worker (``RAY_ADDRESS``:
+    the workers live elsewhere) the trainers take the node.
+
+    >>> cpu_threads(8, 1, 2, synchronous=False, num_cpus_per_worker=1)
+    {'trainer': 6, 'worker': 1}
+    >>> cpu_threads(8, 1, 2, synchronous=True, num_cpus_per_worker=1)
+    {'trainer': 8, 'worker': 4}
+    """
+    local_ranks = max(1, local_ranks)
+    if synchronous or not local_workers:
+        return {"trainer": max(1, cores // local_ranks), "worker": max(1, cores // max(1, local_workers))}
+    per_worker = max(1, math.ceil(num_cpus_per_worker))
+    return {"trainer": max(1, (cores - local_workers * per_worker) // local_ranks), "worker": per_worker}
+
+
+def trainer_row(rank: int, device: Any) -> dict[str, Any]:
+    """This training rank's row of the placement report (its pid besides)."""
+    import torch
+
+    from unirl_lightning.workers.placement import trainer_placement_info, visible_gpu_ids
+
+    visible = visible_gpu_ids(os.environ.get("CUDA_VISIBLE_DEVICES"), torch.cuda.device_count())
+    return {**trainer_placement_info(rank, device, visible), "pid": os.getpid()}
+
+
+def gather_objects(obj: Any, world_size: int) -> list[Any]:
+    """Every rank's ``obj``, in rank order (``all_gather_object``: a collective of every rank)."""
+    if world_size == 1:
+        return [obj]
+    import torch.distributed as dist
+
+    gathered: list[Any] = [None] * world_size
+    dist.all_gather_object(gathered, obj)
+    return gathered
+
+
+class RolloutRuntime:
+    """Base of the family runtimes (see the module docstring); a subclass supplies its controller
+    (:meth:`_make_controller`), its loop (:meth:`make_loop`) and its evaluation (:meth:`evaluate`).
+
+    Args:
+        spec: the module's :class:`~unirl_lightning.modules.base.RolloutSpec`.
+        settings: the strategy's rollout settings.
+        weight_sync: the weight-sync backend (``push(model, workers, version)``).
+        state: a checkpoint's rollout state for this rank (:meth:`load_state_dict`), or None.
+    """
+
+    default_engines: ClassVar[dict[str, str]] = {"token": "hf", "diffusion": "diffusion"}
+    """``engine="auto"``: the engine each policy family is served with by default."""
+    shardable_families: ClassVar[tuple[str, ...]] = ("token",)
+    """The policy families whose modules shard their networks (FSDP2 ``configure_model``)."""
+
+    def __init__(
+        self, spec: Any, settings: RolloutSettings, weight_sync: Any, state: dict[str, Any] | None = None
+    ) -> None:
+        self.spec = spec
+        self.settings = settings
+        self.weight_sync = weight_sync
+        self.workers: Any = None
+        self.controller: Any = None
+        self.loop: Any = None
+        self._policy: Any = None  # the trainer's policy module, pushed at start, sync and replacement
+        self._state: dict[str, Any] = dict(state or {})  # a checkpoint's, applied when the loop is built
+        self.timeline = Timeline(rank=settings.rank)  # this rank's spans (the loop and sync record them)
+
+    # -- checks before anything starts ------------------------------------------------------------
+    def check(self) -> None:
+        """This family's rules between the module and the settings (``ValueError`` naming the keys)."""
+
+    @classmethod
+    def check_shardable(cls, spec: Any, module_name: str) -> None:
+        if spec.family not in cls.shardable_families:
+            raise ValueError(
+                f"AsyncRolloutFSDPStrategy shards LLM modules (GRPOModule, PPOModule, AgenticGRPOModule); "
+                f"{module_name} is not one: train it with AsyncRolloutStrategy or AsyncRolloutDDPStrategy"
+            )
+
+    def engine_config(self) -> EngineConfig:
+        spec, settings = self.spec, self.settings
+        engine = resolve_engine(settings.engine, self.default_engines[spec.family], spec.family)
+        engine.validate(spec.policy, spec.lora)
+        if settings.worker_threads is not None:
+            engine = engine.with_cpu_threads(settings.worker_threads)
+        if hasattr(engine, "tensor_parallel_size"):  # vLLM: None follows num_gpus_per_worker, else agrees
+            from unirl_lightning.workers.placement import tensor_parallel_size_for
+
+            tp = tensor_parallel_size_for(settings.num_gpus_per_worker, engine.tensor_parallel_size)
+            engine = dataclasses.replace(engine, tensor_parallel_size=tp)
+        return engine
+
+    # -- lifecycle --------------------------------------------------------------------------------
+    def start(self, policy: Any) -> None:
+        """Start the workers and the controller, and push the trainer's weights at the current
+        version (a resumed ledger's, when a checkpoint was loaded before)."""
+        from unirl_lightning.workers import RolloutWorkerGroup
+
+        self.check()
+        spec, settings = self.spec, self.settings
+        self.workers = RolloutWorkerGroup(
+            self.engine_config(),
+            spec.policy,
+            spec.lora,
+            reward=spec.reward,
+            num_workers=settings.num_workers,
+            num_cpus_per_worker=settings.num_cpus_per_worker,
+            num_gpus_per_worker=settings.num_gpus_per_worker,
+            resources_per_worker=settings.worker_resources,
+            layout=settings.worker_layout,  # type: ignore[arg-type]
+            generation_timeout_s=settings.generation_timeout_s,
+            max_restarts=settings.max_worker_restarts,
+            worker_cls=self.actor_class(),
+        )
+        self.workers.on_restart = self._push_to_replacement
+        self._policy = policy
+        self.controller = self._make_controller(self._state)
+        self.weight_sync.push(policy, self.workers, self.controller.weight_version)
+
+    def report_placement(self, trainer: Any) -> dict[str, Any]:
+        """Where every training rank and worker runs, gathered from every rank (collective: each rank
+        calls it at the same point of setup); rank 0 writes ``placement.json`` into the run's log
+        folder (``trainer.log_dir``, when there is a logger) and prints the table. With
+        ``placement="separate"`` a worker on a GPU a training rank holds (same node) is an error
+        naming the overlap."""
+        from lightning.pytorch.utilities import rank_zero_info
+
+        from unirl_lightning.workers.placement import find_overlaps, placement_report
+
+        rank, world_size = self.settings.rank, trainer.world_size
+        folder = trainer.log_dir if trainer.loggers else None  # a collective too (a broadcast)
+        mine = {
+            "trainer": trainer_row(rank, trainer.strategy.root_device),
+            "workers": [{"rank": rank, **w} for w in self.workers.call("placement_info", timeout_s=60)],
+        }
+        every = gather_objects(mine, world_size)
+        trainers, workers = [e["trainer"] for e in every], [w for e in every for w in e["workers"]]
+        if rank == 0:
+            rank_zero_info("Rollout placement:\n" + placement_report(trainers, workers, folder))
+        overlaps = find_overlaps(trainers, workers)
+        if overlaps and self.settings.placement == "separate":
+            raise RuntimeError(
+                "rollout workers were given GPUs the training ranks use (placement='separate'): "
+                + "; ".join(overlaps)
+                + ". Start Ray on the spare GPUs only (docs/gpus.md), or use placement='colocate'"
+            )
+        return {"trainers": trainers, "workers": workers, "overlaps": overlaps}
+
+    def actor_class(self) -> type:
+        """The Ray actor class of this family's workers."""
+        from unirl_lightning.workers.actor import RolloutWorker
+
+        return RolloutWorker
+
+    def _make_controller(self, state: dict[str, Any]) -> Any:  # pragma: no cover - abstract
+        """The family's controller, resuming the version ledger of a checkpoint's loop ``state``."""
+        raise NotImplementedError
+
+    def _push_to_replacement(self, index: int) -> None:
+        """A replaced worker starts from the weights of the current version, labelled with it: the
+        backend's last push re-sent when it can (``resend``: the object store keeps it), else a fresh
+        push of the trainer's weights (fresher in async runs, never older). No sync has happened since
+        the lost requests were launched, so their stamp stays an upper bound on their staleness.
+
+        This runs on one rank alone, so it must enter no collective: a model sharded over several
+        ranks is never read here (gathering it needs every rank); without a re-sendable push that is
+        an error naming the fix, never a hang."""
+        self.timeline.instant("worker_restart", cat="fault", worker=index)
+        subset = self.workers.subset([index])
+        version = self.controller.weight_version
+        resend = getattr(self.weight_sync, "resend", None)
+        if resend is not None and resend(subset, version) is not None:
+            return
+        import torch.distributed as dist
+
+        from unirl_lightning.sharding import is_sharded
+        from unirl_lightning.weight_sync.base import weight_tensors
+
+        several_ranks = dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+        if several_ranks and any(is_sharded(t) for t in weight_tensors(self._policy).values()):
+            raise RuntimeError(
+                f"rollout worker {index} was replaced, and the weights of version {version} cannot be "
+                f"sent to it without gathering the sharded model, a collective the other ranks are not "
+                f"in ({type(self.weight_sync).__name__} kept no push of that version): use "
+                "weight_sync='object_store' (it re-sends its last push), or max_worker_restarts=0"
+            )
+        self.weight_sync.push(self._policy, subset, version)
+
+    def stats(self) -> dict[str, float]:
+        """Per-step figures of the runtime itself (added to every batch's ``stats``)."""
+        return {"rollout/worker_restarts": float(self.workers.restarts)}
+
+    def make_loop(self, dataloader: Any, sync_interval: int) -> Any:  # pragma: no cover - abstract
+        """The loop Lightning iterates in place of the prompt ``dataloader`` (a checkpoint's
+        position, when one was loaded, is restored into it)."""
+        raise NotImplementedError
+
+    def _restore(self, loop: Any) -> Any:
+        if self._state:
+            loop.load_loop_state(self._state)
+            self._state = {}
+        loop.timeline = self.timeline
+        self.loop = loop
+        return loop
+
+    def resolve(self, batch: Any) -> Any:
+        """The loop's deferred batch, resolved now (after the previous step's sync); with
+        ``placement="colocate"`` the engines then sleep, so the trainer has the device."""
+        batch = batch.resolve()
+        if self.settings.placement == "colocate":  # nothing is in flight (synchronous)
+            self.workers.call("sleep")
+        return batch
+
+    # -- the sync verb ----------------------------------------------------------------------------
+    def sync_weights(self, policy: Any) -> dict[str, float]:
+        """Quiesce, push ``policy``'s weights to every worker, advance the version (one rank's part
+        of a collective sync: the strategy's barrier ends it)."""
+        ctl = self.controller
+        start = time.perf_counter()
+        with self.timeline.measure("sync/quiesce", cat="sync", version=ctl.weight_version):
+            ctl.quiesce()
+        quiesce_s = time.perf_counter() - start
+        if self.loop is not None:
+            self.loop.blocked_s += quiesce_s  # generation the trainer waited for was not hidden
+        stats: dict[str, Any] = {}
+
+        def push(new_version: int) -> None:
+            self.workers.ensure_alive(min(30.0, self.settings.generation_timeout_s))  # nothing in flight
+            if self.settings.placement == "colocate":  # wake for the push and the next generation
+                self.workers.call("wake")
+            with self.timeline.measure("sync/push", cat="sync", version=new_version):
+                result = self.weight_sync.push(policy, self.workers, new_version)
+            stats.update(time_s=result.time_s, bytes=result.bytes)
+
+        version = ctl.sync_weights(push)
+        return {
+            "sync/time_s": stats["time_s"],
+            "sync/bytes": float(stats["bytes"]),
+            "sync/quiesce_s": quiesce_s,
+            "sync/weight_version": float(version),
+        }
+
+    @property
+    def weight_version(self) -> int:
+        return self.controller.weight_version if self.controller is not None else 0
+
+    def evaluate(
+        self, records: list[dict[str, Any]], sampling: Any, n: int, seed: int
+    ) -> list[list[Any]]:  # pragma: no cover - abstract
+        """Generate and score ``records`` with the weights the workers hold now (read-only)."""
+        raise NotImplementedError
+
+    # -- rollout state ----------------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        """This rank's loop position and version ledger (plain Python types)."""
+        if self.loop is not None:
+            return self.loop.loop_state()
+        return dict(self._state)
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """A checkpoint's rollout state for this rank, applied when the loop is built."""
+        self._state = dict(state)
+
+    def shutdown(self) -> None:
+        """Kill the workers (safe to call twice); the state for a next start is kept."""
+        if self.workers is not None:
+            self.workers.shutdown()
+        self.workers = None
+        self.controller = None
+        self.loop = None

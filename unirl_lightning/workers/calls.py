@@ -1,0 +1,166 @@
+"""Fault-tolerant calls: one generation request spread over the workers, watched until it is done.
+
+Contract:
+
+* :class:`GenerationCall` is the handle :meth:`RolloutWorkerGroup.generate
+  <unirl_lightning.workers.group.RolloutWorkerGroup.generate>` returns at once (the rollout
+  controller's :class:`~unirl_lightning.rollout.controller.GenerationHandle`): ``ready()`` polls,
+  ``wait()`` blocks, ``result()`` reaps. ``result()`` is retryable: a failure raises and the call stays
+  reapable. ``ready()`` never raises for a failure inside a worker (``result()`` does).
+* Generation has a deadline: each part of a call must answer within ``generation_timeout_s``
+  (scaled by the samples it asks for, the group's ``deadline_s``); a wait logs a line every
+  ``log_every_s`` while it lasts.
+* Worker faults: a part whose worker died, or missed its deadline, is relaunched as it was (same
+  records, seed and gen_id, so the same launch-time version stamp) on the replacement the group
+  makes (``group.replace``, which counts restarts and fails past ``max_restarts``).
+* Timeline stamps: ``result()["spans"]`` has one entry per part (``worker``, ``start``, ``end``,
+  ``samples``, ``completion_tokens``): the worker's own ``generate`` stamps clamped into the interval
+  the driver observed, from the part's (last) launch to when its result was seen
+  (:func:`~unirl_lightning.timeline.clamp_span`).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import ray
+
+from unirl_lightning.rollout.types import Rollout, RolloutRequest
+from unirl_lightning.timeline import clamp_span
+
+__all__ = ["CallPart", "GenerationCall"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class CallPart:
+    """One worker's share of a call: what it was asked, on which actor, since when, with what result."""
+
+    index: int
+    request: RolloutRequest
+    actor: Any
+    ref: Any
+    started: float
+    done: bool = False
+    launched_at: float = 0.0  # wall clock (time.time()) of the last launch, for the timeline
+    reaped_at: float = 0.0  # wall clock when its result was seen
+
+
+class GenerationCall:
+    """Non-blocking handle on one request spread over several workers (``ready/wait/result``).
+
+    Watches every part: a part whose worker died, or that is past its deadline, is relaunched on a
+    replacement worker (see the module docstring). A part that failed inside the worker (e.g. a
+    reward error) counts as done; ``result()`` raises that error, and raises it again if called
+    again (retryable).
+    """
+
+    def __init__(self, group: Any, parts: list[tuple[int, RolloutRequest]]) -> None:
+        self._group = group
+        self._parts = [self._launch(index, request) for index, request in parts]
+        self._last_log = time.monotonic()
+
+    def _launch(self, index: int, request: RolloutRequest) -> CallPart:
+        actor = self._group.workers[index]
+        launched_at = time.time()
+        return CallPart(
+            index, request, actor, actor.generate.remote(request), time.monotonic(), launched_at=launched_at
+        )
+
+    def _relaunch(self, part: CallPart, why: str) -> None:
+        self._group.replace(part.index, part.actor, f"{why} (gen_id {part.request.gen_id})")
+        fresh = self._launch(part.index, part.request)
+        part.actor, part.ref, part.started = fresh.actor, fresh.ref, fresh.started
+        part.launched_at = fresh.launched_at
+
+    def _check(self, block_s: float) -> bool:
+        """Collect finished parts, replace dead or overdue workers; True once every part is done."""
+        waiting = [p for p in self._parts if not p.done]
+        if waiting:
+            finished, _ = ray.wait(
+                [p.ref for p in waiting], num_returns=1, timeout=block_s, fetch_local=False
+            )
+            finished = set(finished)
+            for part in waiting:
+                if part.ref in finished:
+                    self._settle(part)
+            now = time.monotonic()
+            for part in self._parts:
+                deadline = self._group.deadline_s(part.request)
+                if not part.done and now - part.started > deadline:
+                    self._relaunch(part, f"did not answer within {deadline:.0f} s")
+        return all(p.done for p in self._parts)
+
+    def _settle(self, part: CallPart) -> None:
+        try:
+            ray.get(part.ref, timeout=0)
+        except ray.exceptions.RayActorError as exc:  # the worker process died
+            self._relaunch(part, f"died ({type(exc).__name__})")
+            return
+        except ray.exceptions.GetTimeoutError:  # finished but not yet readable: look again later
+            return
+        except Exception:  # noqa: BLE001 - a failure inside the worker: result() raises it
+            pass
+        part.done = True
+        part.reaped_at = time.time()
+
+    def ready(self) -> bool:
+        return self._check(0)
+
+    def _block_s(self, at_most: float) -> float:
+        """How long to block before looking again: until the nearest deadline, at most ``at_most``."""
+        now = time.monotonic()
+        left = [p.started + self._group.deadline_s(p.request) - now for p in self._parts if not p.done]
+        return max(0.05, min([at_most, *left]))
+
+    def wait(self) -> None:
+        """Block until every part is done (replacing workers as needed); logs while it lasts."""
+        every = self._group.log_every_s
+        while not self._check(self._block_s(every)):
+            now = time.monotonic()
+            if now - self._last_log >= every:
+                self._last_log = now
+                for part in self._parts:
+                    if not part.done:
+                        log.warning(
+                            "waiting %.0f s for rollout worker %d (gen_id %d; deadline %.0f s)",
+                            now - part.started,
+                            part.index,
+                            part.request.gen_id,
+                            self._group.deadline_s(part.request),
+                        )
+
+    def result(self) -> dict[str, Any]:
+        self.wait()
+        return _merge_generate(ray.get([p.ref for p in self._parts]), self._parts)
+
+
+def _part_span(result: dict[str, Any], part: CallPart) -> dict[str, Any]:
+    """One part's ``generate`` span on the driver's clock (see the module docstring)."""
+    stamp = result.get("span") or {"start": part.launched_at, "end": part.reaped_at}
+    start, end = clamp_span(stamp["start"], stamp["end"], part.launched_at, part.reaped_at)
+    rollouts = [r for group in result["groups"] for r in group]
+    tokens = sum(len(r.completion_ids) for r in rollouts if isinstance(r, Rollout))
+    return {
+        "worker": part.index,
+        "start": start,
+        "end": end,
+        "samples": len(rollouts),
+        "completion_tokens": tokens,
+    }
+
+
+def _merge_generate(parts: list[dict[str, Any]], calls: list[CallPart] | None = None) -> dict[str, Any]:
+    groups: list[list[Rollout]] = []
+    for part in parts:
+        groups.extend(part["groups"])
+    return {
+        "groups": groups,
+        "generate_s": max(p["generate_s"] for p in parts),
+        "score_s": max(p["score_s"] for p in parts),
+        "spans": [_part_span(r, c) for r, c in zip(parts, calls or [])],
+    }
