@@ -4,7 +4,7 @@ rollout loop, the recipes, and a tiny async run whose reward goes up."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -182,6 +182,7 @@ class FakeRollout:
     reward: float = 0.0
     gen_id: int = -1
     weight_version: int = -1
+    reward_parts: dict[str, float] = field(default_factory=dict)
 
 
 def run_recorded_loop(order: str, max_inflight: int, steps: int = 6, sync_every: int = 2):

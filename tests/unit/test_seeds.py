@@ -130,6 +130,7 @@ def token_of(seed: int | None) -> int:
 def test_vllm_seeds_each_sample_as_its_own_request_with_derive_seeds(seed):
     engine = object.__new__(VLLMEngine)
     engine.tokenizer, engine.policy, engine.weight_version = Tokenizer(), POLICY, 0
+    engine.llm = SimpleNamespace()  # no model config: no context limit to check
     engine._params = lambda sampling, n, row_seed: SimpleNamespace(n=n, seed=row_seed)
     sent = {}
 
@@ -169,7 +170,7 @@ def test_vllm_seeds_each_sample_as_its_own_request_with_derive_seeds(seed):
 def test_sglang_seeds_each_sample_with_derive_seeds_in_deterministic_mode(deterministic, seed):
     engine = object.__new__(SGLangEngine)
     engine.tokenizer, engine.policy, engine.weight_version = Tokenizer(), POLICY, 0
-    engine.config = SimpleNamespace(deterministic=deterministic)
+    engine.config = SimpleNamespace(deterministic=deterministic, sampling_overrides={})
     engine._asleep, engine._lora_name = False, None
     sent = {}
 
