@@ -12,10 +12,9 @@ never pushes nor changes the version. Every rank's rollout state goes into every
 Workers are shut down on error, Ctrl-C, ``shutdown`` and exit. Callbacks depend on the strategy, never
 the reverse. Only Lightning's public API is used.
 
-Several ranks (:class:`AsyncRolloutDDPStrategy`, :class:`AsyncRolloutFSDPStrategy`): each drives its
-own runtime, workers and share of the prompts; rank 0 starts (or joins) Ray, the others join it. A
-sync is collective: every rank quiesces, pushes the full weights to its workers, advances the same
-version at the same RL step, and a barrier ends it. A resume needs the same ranks.
+Several ranks (DDP, FSDP): each drives its own runtime, workers and share of the prompts; rank 0 starts
+(or joins) Ray, the others join it. A sync is collective: every rank quiesces, pushes the full weights to
+its workers, advances the same version at the same RL step, and a barrier ends it (a resume: same ranks).
 """
 
 from __future__ import annotations
@@ -75,15 +74,14 @@ class RolloutStrategyMixin:
         worker_layout: a GPU worker's placement group: ``"actor"`` (one bundle) or ``"per_gpu"`` (one a GPU).
         placement: ``"separate"`` (generators on their own devices; required for async) or
             ``"colocate"`` (engines sleep while the trainer runs; synchronous only).
+        offload_optimizer: ``"colocate"`` only: the optimizer state goes to the host while engines wake.
         weight_sync: ``"object_store"`` (default), ``"collective"`` or a ``WeightSync`` instance.
         seed: base seed of the rollout: every seed is a hash of it (``rollout.types.derive_seed``; request
             ``g`` of rank ``r``: ``derive_seed(seed, r, g)``), so no two requests or samples share one.
         trainer_threads: torch threads of each training process on CPU. None = the CPU rule
-            (:func:`~unirl_lightning.runtime.cpu_threads`: synchronous runs give every core to the
-            working side; async runs give each local worker ``ceil(num_cpus_per_worker)`` cores, the
-            trainers the rest), which engines with ``num_threads="auto"`` follow too.
-        generation_timeout_s: how long a worker may take for one request of up to 1024 samples
-            (proportionally longer for larger ones) before it counts as hung and is replaced.
+            (:func:`~unirl_lightning.runtime.cpu_threads`; engines with ``num_threads="auto"`` follow it).
+        generation_timeout_s: seconds a worker may take per request of up to 1024 samples (longer
+            ones in proportion) before it counts as hung and is replaced.
         max_worker_restarts: dead or hung workers replaced over the run (the new actor gets the current
             weights, lost requests are relaunched); past that the run fails naming the worker and why.
     """
@@ -104,6 +102,7 @@ class RolloutStrategyMixin:
         max_worker_restarts: NonNegativeInt = 3,
         worker_resources: dict[str, float] | None = None,
         worker_layout: Literal["actor", "per_gpu"] = "actor",
+        offload_optimizer: bool = False,
     ) -> None:
         self.rollout = RolloutSettings(
             engine,
@@ -119,6 +118,7 @@ class RolloutStrategyMixin:
             int(max_worker_restarts),
             worker_resources=worker_resources,
             worker_layout=worker_layout,
+            offload_optimizer=offload_optimizer,
         )
         self.weight_sync: WeightSync = resolve_weight_sync(weight_sync)
         self.sync_interval: int | None = None  # handed over by WeightSyncCallback.setup
@@ -179,7 +179,7 @@ class RolloutStrategyMixin:
 
     def batch_to_device(self, batch: Any, device: torch.device | None = None, dataloader_idx: int = 0) -> Any:
         if isinstance(batch, DeferredBatch):  # the RL step runs here, after the previous step's sync
-            batch = self.runtime.resolve(batch)
+            batch = self.runtime.resolve(batch, self.optimizers)
         return super().batch_to_device(batch, device, dataloader_idx)
 
     # -- the two verbs callbacks use ------------------------------------------------------------
@@ -190,7 +190,7 @@ class RolloutStrategyMixin:
             raise RuntimeError(
                 "sync_weights was called before the strategy was set up (call trainer.fit first)"
             )
-        stats = self.runtime.sync_weights(self.lightning_module.policy)
+        stats = self.runtime.sync_weights(self.lightning_module.policy, self.optimizers)
         self.barrier("weight sync")  # every rank has pushed and advanced to the same version
         self.last_sync = stats
         return self.last_sync

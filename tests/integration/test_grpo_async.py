@@ -168,7 +168,7 @@ def test_colocated_engines_sleep_while_training_and_wake_for_the_push(tmp_path, 
 
     def recording(self, method, *args, **kwargs):
         if method in ("sleep", "wake"):
-            calls.append(method)
+            calls.append(f"{method}{args}")
         return call(self, method, *args, **kwargs)
 
     monkeypatch.setattr(RolloutWorkerGroup, "call", recording)
@@ -177,6 +177,6 @@ def test_colocated_engines_sleep_while_training_and_wake_for_the_push(tmp_path, 
         _, _, recorder = fit_tiny(tmp_path, max_steps=3, strategy=strategy)
     finally:
         strategy.shutdown()
-    assert calls == ["sleep", "wake"] * 3
+    assert calls == ["sleep()", "wake(['weights'],)", "wake(['kv_cache'],)"] * 3  # two-phase wake
     for step in recorder.steps:
         assert abs(step["metrics"]["train/ratio_mean"] - 1.0) < 1e-3

@@ -13,8 +13,10 @@ at a time. Guarantees:
   tensors are full parameters by name (or, for LoRA engines, adapter parameters only). They may be
   views of shared memory that other workers read too: the engine copies from them, never writes
   to them and keeps none after the call.
-* ``sleep()`` / ``wake()`` release and restore accelerator memory for colocated placement; engines
-  that cannot do it treat both as no-ops. ``close()`` frees what the engine holds (processes,
+* ``sleep()`` / ``wake(tags=None)`` release and restore accelerator memory for colocated placement;
+  engines that cannot do it treat both as no-ops. ``tags`` wakes part of the engine: ``["weights"]``
+  (before a weight push), ``["kv_cache"]`` (after it); None wakes everything still asleep. Engines
+  that cannot wake in parts wake everything on the first call and ignore the second. ``close()`` frees what the engine holds (processes,
   temporary files); the worker calls it before it exits.
 """
 
@@ -42,7 +44,7 @@ class RolloutEngine(Protocol):
 
     def sleep(self) -> None: ...
 
-    def wake(self) -> None: ...
+    def wake(self, tags: list[str] | None = None) -> None: ...
 
     def close(self) -> None: ...
 

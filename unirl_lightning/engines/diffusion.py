@@ -97,7 +97,8 @@ class DiffusionEngine:
             self.pipeline.to(torch.device("cpu"))
             torch.cuda.empty_cache()
 
-    def wake(self) -> None:
+    def wake(self, tags: list[str] | None = None) -> None:
+        """Move the pipeline back (``tags`` are ignored; a second call is a no-op)."""
         self.pipeline.to(self.device)
 
     def close(self) -> None:

@@ -122,7 +122,9 @@ class HFEngine:
         self.model.to("cpu")
         torch.cuda.empty_cache()
 
-    def wake(self) -> None:
+    def wake(self, tags: list[str] | None = None) -> None:
+        """Move the model back (``tags`` are ignored: the model is the weights, there is no KV cache
+        to restore; a second call is a no-op)."""
         self.model.to(self.device)
 
     def close(self) -> None:

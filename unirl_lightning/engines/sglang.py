@@ -276,7 +276,9 @@ class SGLangEngine:
             self.engine.release_memory_occupation()
             self._asleep = True
 
-    def wake(self) -> None:
+    def wake(self, tags: list[str] | None = None) -> None:
+        """Resume all of SGLang's memory on the first call (``tags`` are ignored: a resume of part of
+        it would leave the rest, e.g. CUDA graphs, released); later calls are no-ops."""
         if self._asleep:
             self.engine.resume_memory_occupation()
             self._asleep = False

@@ -49,9 +49,11 @@ Guarantees, beyond the contract:
   written as a PEFT adapter (``adapter_config.json`` + ``adapter_model.safetensors``) to a
   temporary directory, registered under a fresh ``LoRARequest`` id, and the previous one is
   removed. Until the first adapter push the base model generates (= a fresh adapter, whose B is 0).
-* **Sleep/wake** use ``LLM.sleep(level=...)`` / ``LLM.wake_up()`` where the platform supports vLLM's
-  sleep mode (CUDA); elsewhere both are no-ops. ``generate`` and ``load_weights`` wake a sleeping
-  engine first.
+* **Sleep/wake** use ``LLM.sleep(level=...)`` / ``LLM.wake_up(tags=...)`` when sleep mode is enabled
+  (``enable_sleep_mode``: the strategy turns it on under ``placement="colocate"`` only) and the
+  platform supports it (CUDA); elsewhere both are no-ops. The colocated push wakes in two phases:
+  ``wake(["weights"])``, the push, ``wake(["kv_cache"])``. ``load_weights`` wakes the weights of a
+  sleeping engine first, ``generate`` everything.
 * **Multi-turn episodes**: ``generate_ids`` samples one completion per row of token ids (the whole
   context of each live episode), with the same log-prob and stop rules, so the agentic coordinator
   runs on vLLM as on the HF engine.
@@ -109,6 +111,7 @@ INSTALL_HINT = (
 VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)  # vLLM's allowed max_lora_rank values
 WeightUpdate = Literal["auto", "reload", "load_weights"]
 CPU_MAX_MODEL_LEN = 2048
+SLEEP_TAGS = ("weights", "kv_cache")  # the parts vLLM's wake_up(tags=...) restores
 # SamplingParams fields the engine sets itself (the log-prob and stop contracts depend on them)
 OWNED_SAMPLING_FIELDS = (
     "n",
@@ -180,6 +183,8 @@ class VLLMEngineConfig(EngineConfig):
         seed: vLLM's global seed (unseeded requests draw from it).
         sleep_level: 1 = offload weights and drop the KV cache on ``sleep()``; 2 = drop both (the
             next weight push must then restore every weight).
+        enable_sleep_mode: vLLM's sleep mode (memory pools that ``sleep()`` can release); None = the
+            strategy decides (on under ``placement="colocate"`` only, off when built outside one).
         engine_kwargs: anything else for ``vllm.LLM(...)`` (wins over the fields above).
         sampling_overrides: extra fields of every request's ``vllm.SamplingParams`` (e.g.
             ``{"presence_penalty": 0.5}``); the fields the engine sets from the module's sampling
@@ -200,6 +205,7 @@ class VLLMEngineConfig(EngineConfig):
     enforce_eager: bool = True
     seed: int = 0
     sleep_level: int = 1
+    enable_sleep_mode: bool | None = None
     engine_kwargs: dict[str, Any] = field(default_factory=dict)
     sampling_overrides: dict[str, Any] = field(default_factory=dict)
 
@@ -246,13 +252,14 @@ class VLLMEngine:
         self.policy = policy
         self.weight_version = 0
         self.on_cpu = current_platform.is_cpu()
-        self.sleep_supported = bool(current_platform.is_sleep_mode_available()) and not self.on_cpu
+        supported = bool(current_platform.is_sleep_mode_available()) and not self.on_cpu
+        self.sleep_supported = bool(config.enable_sleep_mode) and supported
         self.weight_update = config.weight_update
         if self.weight_update == "auto":
             self.weight_update = "reload" if self.on_cpu else "load_weights"
         self._tmp = tempfile.mkdtemp(prefix="unirl-vllm-")
         self._cleanup = weakref.finalize(self, shutil.rmtree, self._tmp, True)
-        self._asleep = False
+        self._asleep: set[str] = set()  # the parts released by sleep() and not woken yet
         self._warned_reshape = False
         self._lora_request: Any = None
         self._lora_dir: str | None = None
@@ -289,7 +296,7 @@ class VLLMEngine:
                 max_cpu_loras=2,  # the new version is added before the old one is removed
                 max_lora_rank=min(r for r in VLLM_LORA_RANKS if r >= lora.rank),
             )
-        if self.sleep_supported:
+        if self.sleep_supported:  # only when enabled (colocate) and supported
             kwargs["enable_sleep_mode"] = True
         kwargs.update(config.engine_kwargs)
         self.llm = LLM(**kwargs)
@@ -311,7 +318,7 @@ class VLLMEngine:
 
     # -- weights ---------------------------------------------------------------------------------
     def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], weight_version: int) -> None:
-        self.wake()
+        self.wake(["weights"])
         items = list(named_tensors)
         if is_lora_push(items):
             self._load_lora(items, weight_version)
@@ -410,7 +417,7 @@ class VLLMEngine:
                 "got LoRA adapter tensors but this engine was built without a LoraSpec (the module's lora "
                 "is None)"
             )
-        self.wake()
+        self.wake(["weights"])
         rpc = self.llm.collective_rpc
         rpc("unirl_begin_weight_update", args=(self.weight_update == "reload",))
         try:
@@ -431,12 +438,14 @@ class VLLMEngine:
     def sleep(self) -> None:
         if self.sleep_supported and not self._asleep:
             self.llm.sleep(level=self.config.sleep_level)
-            self._asleep = True
+            self._asleep = set(SLEEP_TAGS)
 
-    def wake(self) -> None:
-        if self._asleep:
-            self.llm.wake_up()
-            self._asleep = False
+    def wake(self, tags: list[str] | None = None) -> None:
+        """Wake ``tags`` (``"weights"``, ``"kv_cache"``) of a sleeping engine, or all of it (None)."""
+        parts = [t for t in (SLEEP_TAGS if tags is None else tags) if t in self._asleep]
+        if parts:
+            self.llm.wake_up(tags=parts)
+            self._asleep -= set(parts)
 
     def close(self) -> None:
         """Free the vLLM engine and the temporary model/adapter files."""

@@ -39,6 +39,9 @@ __all__ = [
     "WorkerLayout",
     "check_rollout_settings",
     "cpu_threads",
+    "free_trainer_memory",
+    "optimizers_to_device",
+    "optimizers_to_host",
     "rank_share",
 ]
 
@@ -79,9 +82,15 @@ class RolloutSettings:
     worker_threads: int | None = None  # the CPU rule's share of each local worker (engines on "auto")
     worker_resources: dict[str, float] | None = None
     worker_layout: str = "actor"
+    offload_optimizer: bool = False
 
     def __post_init__(self) -> None:
         check_rollout_settings(self.placement, self.max_staleness, self.max_inflight)
+        if self.offload_optimizer and self.placement != "colocate":
+            raise ValueError(
+                "offload_optimizer=True moves the optimizer state to the host while colocated engines "
+                f"use the training device, so it needs placement='colocate', got placement={self.placement!r}"
+            )
         if isinstance(self.engine, str):
             check_engine_name(self.engine)
         require_at_least("num_workers", self.num_workers, 1)
@@ -157,6 +166,50 @@ def cpu_threads(
     return {"trainer": max(1, (cores - local_workers * per_worker) // local_ranks), "worker": per_worker}
 
 
+def free_trainer_memory(device: Any) -> None:
+    """Hand the trainer's cached, unused accelerator blocks back (``torch.cuda.empty_cache()`` on a CUDA
+    training device; nothing elsewhere), so a colocated engine that wakes can take them."""
+    import torch
+
+    if torch.device(device).type == "cuda":
+        torch.cuda.empty_cache()
+
+
+OffloadedState = list[tuple[dict[str, Any], str, Any]]
+"""What :func:`optimizers_to_host` moved: ``(state, key, device)`` of each tensor, to move it back."""
+
+
+def optimizers_to_host(optimizers: Any) -> OffloadedState:
+    """Move every optimizer state tensor that is not on the host to the host (colocate: before the
+    engines wake), returning where each one was (:func:`optimizers_to_device` moves them back)."""
+    import torch
+
+    moved: OffloadedState = []
+    for optimizer in optimizers:
+        for state in optimizer.state.values():
+            for key, value in state.items():
+                if isinstance(value, torch.Tensor) and value.device.type != "cpu":
+                    moved.append((state, key, value.device))
+                    state[key] = value.to("cpu")
+    return moved
+
+
+def optimizers_to_device(moved: OffloadedState) -> None:
+    """Move what :func:`optimizers_to_host` moved back to its device (colocate: after the engines sleep,
+    before training)."""
+    for state, key, device in moved:
+        state[key] = state[key].to(device)
+
+
+def policy_device(policy: Any) -> Any:
+    """The device of ``policy``'s first parameter (the training device), CPU when it has none."""
+    import torch
+
+    for parameter in policy.parameters():
+        return parameter.device
+    return torch.device("cpu")
+
+
 def trainer_row(rank: int, device: Any) -> dict[str, Any]:
     """This training rank's row of the placement report (its pid besides)."""
     import torch
@@ -206,6 +259,7 @@ class RolloutRuntime:
         self._policy: Any = None  # the trainer's policy module, pushed at start, sync and replacement
         self._state: dict[str, Any] = dict(state or {})  # a checkpoint's, applied when the loop is built
         self.timeline = Timeline(rank=settings.rank)  # this rank's spans (the loop and sync record them)
+        self._offloaded: OffloadedState = []  # optimizer state on the host while colocated engines wake
 
     # -- checks before anything starts ------------------------------------------------------------
     def check(self) -> None:
@@ -225,6 +279,8 @@ class RolloutRuntime:
         engine.validate(spec.policy, spec.lora)
         if settings.worker_threads is not None:
             engine = engine.with_cpu_threads(settings.worker_threads)
+        if getattr(engine, "enable_sleep_mode", False) is None:  # vLLM: None = sleep only when colocated
+            engine = dataclasses.replace(engine, enable_sleep_mode=settings.placement == "colocate")
         if hasattr(engine, "tensor_parallel_size"):  # vLLM: None follows num_gpus_per_worker, else agrees
             from unirl_lightning.workers.placement import tensor_parallel_size_for
 
@@ -345,18 +401,24 @@ class RolloutRuntime:
         self.loop = loop
         return loop
 
-    def resolve(self, batch: Any) -> Any:
+    def resolve(self, batch: Any, optimizers: Any = ()) -> Any:
         """The loop's deferred batch, resolved now (after the previous step's sync); with
-        ``placement="colocate"`` the engines then sleep, so the trainer has the device."""
+        ``placement="colocate"`` the engines then sleep, so the trainer has the device, and with
+        ``offload_optimizer`` the state of ``optimizers`` (the strategy's) goes back to it."""
         batch = batch.resolve()
         if self.settings.placement == "colocate":  # nothing is in flight (synchronous)
             self.workers.call("sleep")
+            if self.settings.offload_optimizer:
+                optimizers_to_device(self._offloaded)
+                self._offloaded = []
         return batch
 
     # -- the sync verb ----------------------------------------------------------------------------
-    def sync_weights(self, policy: Any) -> dict[str, float]:
+    def sync_weights(self, policy: Any, optimizers: Any = ()) -> dict[str, float]:
         """Quiesce, push ``policy``'s weights to every worker, advance the version (one rank's part
-        of a collective sync: the strategy's barrier ends it)."""
+        of a collective sync: the strategy's barrier ends it). With ``placement="colocate"`` the
+        trainer first frees its cached blocks (and, with ``offload_optimizer``, moves the state of
+        ``optimizers`` to the host); the engines then wake in two phases: weights, push, KV cache."""
         ctl = self.controller
         start = time.perf_counter()
         with self.timeline.measure("sync/quiesce", cat="sync", version=ctl.weight_version):
@@ -365,13 +427,19 @@ class RolloutRuntime:
         if self.loop is not None:
             self.loop.blocked_s += quiesce_s  # generation the trainer waited for was not hidden
         stats: dict[str, Any] = {}
+        colocate = self.settings.placement == "colocate"
 
         def push(new_version: int) -> None:
             self.workers.ensure_alive(min(30.0, self.settings.generation_timeout_s))  # nothing in flight
-            if self.settings.placement == "colocate":  # wake for the push and the next generation
-                self.workers.call("wake")
+            if colocate:  # make room on the shared device, then wake the weights for the push
+                if self.settings.offload_optimizer:
+                    self._offloaded += optimizers_to_host(optimizers)
+                free_trainer_memory(policy_device(policy))
+                self.workers.call("wake", ["weights"])
             with self.timeline.measure("sync/push", cat="sync", version=new_version):
                 result = self.weight_sync.push(policy, self.workers, new_version)
+            if colocate:  # the KV cache for the next generation
+                self.workers.call("wake", ["kv_cache"])
             stats.update(time_s=result.time_s, bytes=result.bytes)
 
         version = ctl.sync_weights(push)

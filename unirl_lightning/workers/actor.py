@@ -135,8 +135,9 @@ class RolloutWorker:
     def sleep(self) -> None:
         self.engine.sleep()
 
-    def wake(self) -> None:
-        self.engine.wake()
+    def wake(self, tags: list[str] | None = None) -> None:
+        """Wake the engine: all of it (None) or only ``tags`` (``["weights"]``, ``["kv_cache"]``)."""
+        self.engine.wake(tags)
 
     def close(self) -> None:
         self.engine.close()
