@@ -95,6 +95,12 @@ class AgenticGRPOModule(GRPOModule):
                 "AgenticGRPOModule takes no reward: the environment scores each episode (its step rewards "
                 f"summed); configure the environment's reward instead, got reward={kwargs['reward']!r}"
             )
+        if kwargs.get("filter_groups", False):
+            raise ValueError(
+                "filter_groups is not supported by AgenticGRPOModule: its loop drives episodes turn by turn "
+                "with a per-turn staleness bound, not one request per step, so there is no step request to "
+                "replace a dropped group with; leave filter_groups off, got filter_groups=True"
+            )
         for key, off in (("mask_truncated", False), ("overlong_buffer", 0)):
             if kwargs.get(key, off) != off:
                 raise ValueError(

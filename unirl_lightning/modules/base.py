@@ -78,6 +78,10 @@ class RolloutSpec:
         agentic: multi-turn episodes (:class:`~unirl_lightning.rollout.agentic_loop.AgenticSpec`:
             environment, tail policy, environment errors); the strategy then drives an
             :class:`~unirl_lightning.rollout.agentic_loop.AgenticRolloutLoop`. None = single-turn.
+        filter_groups: drop groups whose rewards are all equal before training and launch more
+            prompts until the step's batch is full (DAPO's dynamic sampling; batch runtime only).
+        max_filter_launches_per_step: the most extra requests one step may launch to replace
+            dropped groups; a step that needs more raises.
     """
 
     policy: Any
@@ -88,6 +92,8 @@ class RolloutSpec:
     collate: Callable[[list[list[Any]]], Any]
     family: PolicyFamily = "token"
     agentic: AgenticSpec | None = None
+    filter_groups: bool = False
+    max_filter_launches_per_step: int = 10
 
 
 class RLModule(LightningModule):

@@ -11,12 +11,14 @@ the loss :class:`~unirl_lightning.modules.causal_lm.CausalLMModule`'s, the math
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any, Literal
 
 import torch
 
 from unirl_lightning.algorithms import GroupStd, group_advantages, rloo_advantages
-from unirl_lightning.checks import require_choice
+from unirl_lightning.checks import require_at_least, require_choice
+from unirl_lightning.modules.base import RolloutSpec
 from unirl_lightning.modules.causal_lm import CausalLMModule
 from unirl_lightning.rollout.types import ExperienceBatch
 
@@ -32,6 +34,13 @@ class GRPOModule(CausalLMModule):
             ``"dr_grpo"`` (minus the group mean only), ``"rloo"`` (leave-one-out baseline).
         advantage_std: the group std of ``"grpo"``: ``"unbiased"`` (Bessel, TRL and verl) or
             ``"population"`` (divide by the group size, as flow_grpo).
+        filter_groups: DAPO's dynamic sampling: a group whose rewards (the reward functions' sum,
+            before ``overlong_penalty``) are all equal is dropped before training (counted in
+            ``rollout/filtered_groups``) and more prompts are launched until the step has its
+            ``batch_size`` groups; replacements run under the step's weights, so the staleness
+            bound holds (see :mod:`unirl_lightning.rollout.loop`).
+        max_filter_launches_per_step: the most replacement requests (each one prompt batch) a
+            step may launch; a step still short after that raises ``RuntimeError``.
         **kwargs: every :class:`~unirl_lightning.modules.causal_lm.CausalLMModule` argument
             (``policy``, ``reward``, ``lora``, ``num_generations``, sampling, AdamW, ``loss``,
             clipping and ``clip_ratio_c``, ``ratio_level`` (``"sequence"``: GSPO), ``cispo_cap``,
@@ -51,16 +60,34 @@ class GRPOModule(CausalLMModule):
     """
 
     def __init__(
-        self, advantage: Advantage = "grpo", advantage_std: GroupStd = "unbiased", **kwargs: Any
+        self,
+        advantage: Advantage = "grpo",
+        advantage_std: GroupStd = "unbiased",
+        filter_groups: bool = False,
+        max_filter_launches_per_step: int = 10,
+        **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
         self.advantage = require_choice("advantage", advantage, Advantage)
         self.advantage_std = require_choice("advantage_std", advantage_std, GroupStd)
+        if not isinstance(filter_groups, bool):
+            raise ValueError(f"filter_groups must be true or false, got {filter_groups!r}")
+        self.filter_groups = filter_groups
+        self.max_filter_launches_per_step = require_at_least(
+            "max_filter_launches_per_step", max_filter_launches_per_step, 1
+        )
         if self.num_generations < 2:
             raise ValueError(
                 f"num_generations must be >= 2 for advantage={advantage!r} (it compares the samples of a "
                 f"group), got {self.num_generations}"
             )
+
+    def rollout_spec(self) -> RolloutSpec:
+        return replace(
+            super().rollout_spec(),
+            filter_groups=self.filter_groups,
+            max_filter_launches_per_step=self.max_filter_launches_per_step,
+        )
 
     def compute_advantages(self, rewards: torch.Tensor, group_size: int) -> torch.Tensor:
         if self.advantage == "rloo":

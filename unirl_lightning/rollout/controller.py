@@ -422,6 +422,16 @@ class BatchRolloutController:
             more_coming=len(self._pool) > 0,
         )
 
+    def evict_stale(self, max_staleness: int) -> int:
+        """Evict every buffered group with ``weight_version < weight_version_now - max_staleness``
+        (handed out by ``pop_evicted``), as ``drain_freshest`` does first; returns how many.
+
+        Lets a caller see how many trainable groups are buffered (``buffered``) before it asks for them.
+        Raises ``ValueError`` if ``max_staleness < 0``.
+        """
+        require_at_least("max_staleness", max_staleness, 0)
+        return self._buffer.evict_older_than(self._weight_version - max_staleness)
+
     def pop_evicted(self) -> list[StampedGroup]:
         """Return every group evicted as over-stale since the last call, once."""
         return self._buffer.pop_evicted()

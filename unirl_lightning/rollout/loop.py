@@ -23,6 +23,20 @@ loop relaunches the untrained requests first, under new gen_ids; those gen_ids d
 against the launch ceiling's look-ahead (``gen_id_offset``), so a resumed run keeps as many
 requests in flight as before the restart.
 
+Dynamic sampling (``filter_groups``, DAPO): a group whose rewards are all equal carries no
+group-relative signal, so the loop's ``complete`` hook drops it before it reaches the buffer (counted,
+cumulative, in ``rollout/filtered_groups``) and the step keeps launching until ``groups_per_step``
+groups are buffered. The launch ceiling assumes request ``g`` is trained at step ``g``, so at
+``max_staleness=0`` it leaves no request to spare: when everything the ceiling allows has been
+reaped and the buffer is still short, the loop launches a *replacement* request beyond the ceiling.
+It is launched within the step, before the step's weight sync, so it carries the current version
+and is trained under it: staleness stays within the bound (eviction still enforces it). Like a
+resume's relaunches, a replacement's gen_id is added to ``gen_id_offset``, so it does not use up the
+look-ahead of later steps. At most ``max_filter_launches_per_step`` replacements are launched per
+step (logged in ``rollout/filter_launches``); a step that would need more raises ``RuntimeError``
+instead of training a short batch (the data gives almost no reward signal; a short batch would
+change the step's size silently).
+
 The loop trusts its arguments: the strategy validates them (one layer of validation).
 """
 
@@ -39,6 +53,16 @@ RolloutOrder = Literal["launch_first", "poll_first"]
 
 Collate = Callable[[list[list[Any]]], Any]
 """``collate(groups) -> batch``: the module's batch type, with its own ``stats`` filled in."""
+
+
+def zero_variance(group: list[Any]) -> bool:
+    """True when every sample of ``group`` has the same reward (no group-relative signal).
+
+    >>> from types import SimpleNamespace as Row
+    >>> zero_variance([Row(reward=1.0), Row(reward=1.0)]), zero_variance([Row(reward=1.0), Row(reward=0.0)])
+    (True, False)
+    """
+    return len({rollout.reward for rollout in group}) <= 1
 
 
 def reward_part_means(rollouts: list[Any], prefix: str = "rollout/reward/") -> dict[str, float]:
@@ -164,6 +188,8 @@ class RolloutLoop:
         max_staleness / max_inflight / sync_interval: the staleness contract (see the module docstring).
         order: ``"launch_first"`` (autoregressive) or ``"poll_first"`` (diffusion).
         extra_stats: more per-step figures for the batch's ``stats`` (e.g. worker restarts).
+        filter_groups: drop zero-variance groups and launch replacements (see the module docstring).
+        max_filter_launches_per_step: the most replacement requests one step may launch.
     """
 
     def __init__(
@@ -179,6 +205,8 @@ class RolloutLoop:
         order: RolloutOrder = "launch_first",
         num_rollouts: int | None = None,
         extra_stats: Callable[[], dict[str, float]] | None = None,
+        filter_groups: bool = False,
+        max_filter_launches_per_step: int = 10,
     ) -> None:
         self.prompts = prompts
         self.controller = controller
@@ -190,6 +218,11 @@ class RolloutLoop:
         self.order = order
         self.num_rollouts = num_rollouts
         self.extra_stats = extra_stats
+        self.filter_groups = filter_groups
+        self.max_filter_launches_per_step = max_filter_launches_per_step
+        self.filtered_groups = 0  # zero-variance groups dropped so far (filter_groups)
+        self.recent_filtered_gen_ids: deque[int] = deque(maxlen=1024)  # requests with every group dropped
+        self.filter_launches = 0  # replacement requests launched in the current step
         # position in the prompt stream and the requests launched but not yet trained
         self.steps = 0
         self.stream = PromptStream(prompts)
@@ -237,12 +270,18 @@ class RolloutLoop:
         """Run one RL step of the rollout policy and return the batch to train on."""
         ctl = self.controller
         limit = self.launch_limit()
+        self.filter_launches = 0
         while True:
             if self.order == "poll_first":  # reap what is ready (also after a wait) before any launch
                 self._reap()
             ctl.launch_until(limit, self.max_inflight, self._build)
             if self.order == "launch_first":
                 self._reap()
+            if self.filter_groups and self._short():
+                if ctl.next_gen_id >= limit:  # the ceiling is used up: one replacement request
+                    self._allow_replacement()
+                    limit += 1
+                continue
             drained = ctl.drain_freshest(self.groups_per_step or 1, self.max_staleness)
             self._count_evicted()
             if drained is not None:
@@ -251,6 +290,31 @@ class RolloutLoop:
             ctl.wait_oldest()
             self._blocked(time.perf_counter() - start, "oldest")
         return self._make_batch(drained)
+
+    def _short(self) -> bool:
+        """True when nothing is in flight and fewer trainable groups are buffered than a step needs
+        (only possible when groups were filtered): ``drain_freshest`` would raise."""
+        ctl = self.controller
+        if ctl.inflight:
+            return False
+        ctl.evict_stale(self.max_staleness)
+        self._count_evicted()
+        return ctl.buffered < (self.groups_per_step or 1)
+
+    def _allow_replacement(self) -> None:
+        """Count one replacement request against the step's budget and take its gen_id out of the
+        ceiling's look-ahead; raise once the budget is spent."""
+        if self.filter_launches >= self.max_filter_launches_per_step:
+            raise RuntimeError(
+                f"filter_groups: step {self.steps} still has {self.controller.buffered} of "
+                f"{self.groups_per_step} groups with a non-zero reward variance after "
+                f"{self.filter_launches} replacement request(s) (max_filter_launches_per_step="
+                f"{self.max_filter_launches_per_step}; {self.filtered_groups} zero-variance groups dropped "
+                f"so far): the rewards barely vary on this data (too easy or too hard for the policy); "
+                f"raise max_filter_launches_per_step, make the task harder or easier, or turn filter_groups off"
+            )
+        self.filter_launches += 1
+        self.gen_id_offset += 1
 
     def _reap(self) -> None:
         start = time.perf_counter()
@@ -277,6 +341,14 @@ class RolloutLoop:
             for rollout in group:
                 rollout.gen_id = gen_id
                 rollout.weight_version = weight_version
+        groups = result["groups"]
+        if self.filter_groups:
+            kept = [group for group in groups if not zero_variance(group)]
+            self.filtered_groups += len(groups) - len(kept)
+            if groups and not kept:  # nothing of this request will be trained or replayed
+                self.untrained.pop(gen_id, None)
+                self.recent_filtered_gen_ids.append(gen_id)
+            groups = kept
         self.generate_s += result["generate_s"]
         self.score_s += result["score_s"]
         if self.timeline is not None:
@@ -292,7 +364,7 @@ class RolloutLoop:
                     samples=span["samples"],
                     completion_tokens=span["completion_tokens"],
                 )
-        return result["groups"]
+        return groups
 
     def _make_batch(self, drained: list[StampedGroup]) -> Any:
         for item in drained:
@@ -306,6 +378,14 @@ class RolloutLoop:
                 **reward_part_means([r for group in groups for r in group]),
                 "rollout/inflight": float(self.controller.inflight),
                 "perf/score_time_s": self.score_s,
+                **(
+                    {
+                        "rollout/filtered_groups": float(self.filtered_groups),
+                        "rollout/filter_launches": float(self.filter_launches),
+                    }
+                    if self.filter_groups
+                    else {}
+                ),
                 **(self.extra_stats() if self.extra_stats else {}),
             }
         )
@@ -329,6 +409,7 @@ class RolloutLoop:
             "gen_id_offset": self.gen_id_offset - len(replay),  # a load counts pending relaunches again
             "untrained": [self.untrained[g] for g in sorted(self.untrained)] + list(replay),
             "evicted_groups": self.evicted_groups,
+            "filtered_groups": self.filtered_groups,
         }
 
     def load_loop_state(self, state: dict[str, Any]) -> None:
@@ -337,3 +418,4 @@ class RolloutLoop:
         # each relaunch takes a new gen_id; without the offset they would use up the look-ahead
         self.gen_id_offset = state.get("gen_id_offset", 0) + len(self.stream.replay)
         self.evicted_groups = state["evicted_groups"]
+        self.filtered_groups = state.get("filtered_groups", 0)

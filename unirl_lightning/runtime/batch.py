@@ -92,6 +92,8 @@ class BatchRuntime(RolloutRuntime):
                 sync_interval=sync_interval,
                 order=self.scheduling.order,
                 extra_stats=self.stats,
+                filter_groups=spec.filter_groups,
+                max_filter_launches_per_step=spec.max_filter_launches_per_step,
             )
         )
 
