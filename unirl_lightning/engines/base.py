@@ -13,6 +13,12 @@ at a time. Guarantees:
   tensors are full parameters by name (or, for LoRA engines, adapter parameters only). They may be
   views of shared memory that other workers read too: the engine copies from them, never writes
   to them and keeps none after the call.
+* Optionally (:class:`BucketedWeightLoader`: HF, vLLM, diffusion) a full push arrives in buckets:
+  ``begin_weight_load()``, ``load_weight_bucket(named_tensors)`` per bucket (the same rules as
+  ``load_weights``: copy, never write, keep nothing), ``finish_weight_load(weight_version)``. The
+  engine serves the new version from ``finish_weight_load`` on; pushes happen while no request is in
+  flight, so weights loaded in place bucket by bucket are never seen half loaded. For an engine
+  without it the worker keeps a copy of each bucket and calls ``load_weights`` once at the end.
 * ``sleep()`` / ``wake(tags=None)`` release and restore accelerator memory for colocated placement;
   engines that cannot do it treat both as no-ops. ``tags`` wakes part of the engine: ``["weights"]``
   (before a weight push), ``["kv_cache"]`` (after it); None wakes everything still asleep. Engines
@@ -47,6 +53,19 @@ class RolloutEngine(Protocol):
     def wake(self, tags: list[str] | None = None) -> None: ...
 
     def close(self) -> None: ...
+
+
+@runtime_checkable
+class BucketedWeightLoader(Protocol):
+    """An engine that loads a full push bucket by bucket as the buckets arrive (see the module's
+    contract). ``finish_weight_load(None)`` ends an interrupted push: the engine closes what it
+    opened and keeps its weight version."""
+
+    def begin_weight_load(self) -> None: ...
+
+    def load_weight_bucket(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None: ...
+
+    def finish_weight_load(self, weight_version: int | None) -> None: ...
 
 
 @runtime_checkable

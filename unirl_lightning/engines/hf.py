@@ -111,6 +111,17 @@ class HFEngine:
         load_named_weights(self.model, named_tensors, self.lora)
         self.weight_version = weight_version
 
+    # a streamed push (BucketedWeightLoader): each bucket is copied into the parameters in place
+    def begin_weight_load(self) -> None:
+        """Nothing to open: the buckets are copied in place."""
+
+    def load_weight_bucket(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
+        load_named_weights(self.model, named_tensors, self.lora)
+
+    def finish_weight_load(self, weight_version: int | None) -> None:
+        if weight_version is not None:
+            self.weight_version = weight_version
+
     def state_dict(self) -> dict[str, torch.Tensor]:
         """The weights the engine generates with (LoRA adapters merged in), by the base model's names."""
         return effective_weights(self.model)

@@ -327,19 +327,35 @@ class VLLMEngine:
         self.weight_version = weight_version
 
     def _load_full(self, items: list[tuple[str, torch.Tensor]]) -> None:
-        rpc = self.llm.collective_rpc
+        self.begin_weight_load()
+        try:
+            self.load_weight_bucket(items)
+        finally:  # an interrupted reload must still put every layer back
+            self.finish_weight_load(None)
+
+    # a streamed push (BucketedWeightLoader): one update session around every bucket of the push
+    def begin_weight_load(self) -> None:
+        self.wake(["weights"])  # colocated: the KV cache wakes after the push
+        self.llm.collective_rpc("unirl_begin_weight_update", args=(self.weight_update == "reload",))
+
+    def load_weight_bucket(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Full weights only (an adapter push is one ``load_weights``); the caller's buckets must not
+        split a decoder layer (:func:`weight_buckets` with ``whole_layers=True``)."""
         # in-process the tensors are handed over as they are; to vLLM's engine-core process, packed
         in_process = type(self.llm.llm_engine.engine_core).__name__ == "InprocClient"
-        rpc("unirl_begin_weight_update", args=(self.weight_update == "reload",))
-        try:
-            for bucket in weight_buckets(items, int(self.config.bucket_mb * 1024**2), whole_layers=True):
-                rpc(
-                    "unirl_load_weight_bucket",
-                    args=(bucket if in_process else pack_tensors(bucket, as_bytes=True),),
-                )
-        finally:  # an interrupted reload must still put every layer back
-            rpc("unirl_finish_weight_update")
-            self.llm.reset_prefix_cache()
+        for bucket in weight_buckets(
+            list(named_tensors), int(self.config.bucket_mb * 1024**2), whole_layers=True
+        ):
+            self.llm.collective_rpc(
+                "unirl_load_weight_bucket",
+                args=(bucket if in_process else pack_tensors(bucket, as_bytes=True),),
+            )
+
+    def finish_weight_load(self, weight_version: int | None) -> None:
+        self.llm.collective_rpc("unirl_finish_weight_update")
+        self.llm.reset_prefix_cache()
+        if weight_version is not None:
+            self.weight_version = weight_version
 
     def _load_lora(self, items: list[tuple[str, torch.Tensor]], weight_version: int) -> None:
         if self.lora is None:

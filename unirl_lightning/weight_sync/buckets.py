@@ -54,19 +54,25 @@ def layer_of(name: str, seen_layer: bool) -> str:
 
 
 def weight_buckets(
-    named_tensors: Iterable[NamedTensor], bucket_bytes: int, *, whole_layers: bool = False
+    named_tensors: Iterable[NamedTensor],
+    bucket_bytes: int,
+    *,
+    whole_layers: bool = False,
+    dtype: torch.dtype | None = None,
 ) -> Iterator[list[NamedTensor]]:
     """Consecutive buckets of at most ``bucket_bytes`` (a unit larger than that is a bucket alone).
 
     ``whole_layers=False``: the unit is one tensor, and a bucket holds one dtype (so it can be
-    flattened into a single tensor). ``whole_layers=True``: the unit is a layer (see
-    :func:`layer_of`), never split across buckets.
+    flattened into a single tensor); the tensors are read lazily. ``whole_layers=True``: the unit is
+    a layer (see :func:`layer_of`), never split across buckets. ``dtype``: sizes are counted as the
+    floating tensors will travel once cast to it (:func:`cast_floating`), the tensors are left as
+    they are (a sharded tensor counts its whole size).
 
     >>> ts = [("a", torch.zeros(4)), ("b", torch.zeros(4)), ("c", torch.zeros(4, dtype=torch.int64))]
     >>> [[n for n, _ in b] for b in weight_buckets(ts, bucket_bytes=32)]
     [['a', 'b'], ['c']]
     """
-    units: list[list[NamedTensor]] = []
+    units: Iterable[list[NamedTensor]]
     if whole_layers:
         by_layer: dict[str, list[NamedTensor]] = {}
         seen_layer = False
@@ -76,11 +82,11 @@ def weight_buckets(
             by_layer.setdefault(key, []).append((name, tensor))
         units = list(by_layer.values())
     else:
-        units = [[item] for item in named_tensors]
+        units = ([item] for item in named_tensors)
     bucket: list[NamedTensor] = []
     size = 0
     for unit in units:
-        unit_size = sum(t.numel() * t.element_size() for _, t in unit)
+        unit_size = sum(t.numel() * _travel_itemsize(t, dtype) for _, t in unit)
         new_dtype = not whole_layers and bucket and bucket[-1][1].dtype != unit[0][1].dtype
         if bucket and (size + unit_size > bucket_bytes or new_dtype):
             yield bucket
@@ -89,6 +95,12 @@ def weight_buckets(
         size += unit_size
     if bucket:
         yield bucket
+
+
+def _travel_itemsize(tensor: torch.Tensor, dtype: torch.dtype | None) -> int:
+    if dtype is not None and tensor.is_floating_point():
+        return dtype.itemsize
+    return tensor.element_size()
 
 
 @dataclass(frozen=True)

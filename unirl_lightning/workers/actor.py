@@ -11,7 +11,11 @@ Contract:
   and, in ``reward_parts``, each reward function's own score.
 * :meth:`RolloutWorker.load_weights` takes a push of any backend: a
   :class:`~unirl_lightning.weight_sync.buckets.PackedWeights` from the object store (views of Ray's
-  shared memory), a dict or ``(name, tensor)`` pairs. The collective backend's endpoints
+  shared memory), a dict or ``(name, tensor)`` pairs. A push streamed in buckets (the object store's
+  larger than one bucket) comes as ``begin_weight_push`` -> ``load_weight_bucket`` per bucket ->
+  ``finish_weight_push``: each bucket goes to the engine as it arrives
+  (:class:`~unirl_lightning.engines.base.BucketedWeightLoader`), or, for an engine without it, is
+  copied and the copies are loaded with one ``load_weights`` at the end. The collective backend's endpoints
   (``join_weight_group`` / ``receive_weights`` / ``leave_weight_group``) go to the engine when it is
   a group member of its own (:class:`~unirl_lightning.engines.base.WeightGroupMember`: vLLM, whose
   worker process receives the broadcast); otherwise the worker holds a
@@ -44,6 +48,8 @@ class RolloutWorker:
         self.reward = reward
         self.worker_index = worker_index
         self.receiver: Any = None  # the collective backend's group member (join_weight_group)
+        self._streamed_version: int | None = None  # the push being streamed (begin_weight_push)
+        self._bucket_copies: list[Any] | None = None  # its buckets, for an engine that loads whole pushes
 
     def generate(self, request: RolloutRequest) -> dict[str, Any]:
         from unirl_lightning.rewards import score_parts
@@ -78,6 +84,45 @@ class RolloutWorker:
         elif isinstance(named_tensors, dict):
             named_tensors = named_tensors.items()
         self.engine.load_weights(named_tensors, weight_version)
+        return weight_version
+
+    # -- a push streamed in buckets (weight_sync/object_store.py) ---------------------------------
+    def begin_weight_push(self, weight_version: int) -> int:
+        from unirl_lightning.engines.base import BucketedWeightLoader
+
+        if isinstance(self.engine, BucketedWeightLoader):
+            self.engine.begin_weight_load()
+            self._bucket_copies = None
+        else:  # the engine takes a whole push: copies of the buckets until the last one
+            self._bucket_copies = []
+        self._streamed_version = weight_version
+        return weight_version
+
+    def load_weight_bucket(self, bucket: Any) -> int:
+        version = self._streamed_version
+        if version is None:
+            raise RuntimeError(
+                f"rollout worker {self.worker_index}: load_weight_bucket before begin_weight_push"
+            )
+        named = bucket.tensors() if isinstance(bucket, PackedWeights) else list(dict(bucket).items())
+        if self._bucket_copies is None:
+            self.engine.load_weight_bucket(named)
+        else:
+            self._bucket_copies.extend((name, t.clone()) for name, t in named)
+        return version
+
+    def finish_weight_push(self, weight_version: int | None) -> int | None:
+        """End the streamed push: the engine serves ``weight_version`` from now on; None ends an
+        interrupted push (the engine keeps its version)."""
+        begun, copies = self._streamed_version is not None, self._bucket_copies
+        self._bucket_copies, self._streamed_version = None, None
+        if not begun:  # nothing was begun (an interrupted push that never reached this worker)
+            return None
+        if copies is not None:
+            if weight_version is not None:
+                self.engine.load_weights(copies, weight_version)
+        else:
+            self.engine.finish_weight_load(weight_version)
         return weight_version
 
     # -- the collective backend's endpoints (weight_sync/collective.py) ---------------------------
