@@ -33,6 +33,7 @@ OPTIONS: dict[str, dict[str, str]] = {
     "loss: cispo": {"loss": "cispo", "clip_ratio_c": "null"},
     "entropy_coef: 0.01": {"entropy_coef": "0.01"},
     "sequence_mask_cap: 3": {"old_logprob": "recompute", "sequence_mask_cap": "3"},
+    "filter_groups: true": {"filter_groups": "true"},
     # the recipe's budget is 2 tokens (a digit and EOS): nearly every early completion is cut, so these two
     # get room for the answer and its EOS (and the baseline is run at that budget too)
     "mask_truncated: true (2 new tokens)": {"mask_truncated": "true"},

@@ -45,7 +45,14 @@ def settings(seed: int, rank: int) -> RolloutSettings:
 
 def request_builder(seed: int, rank: int):
     """The batch runtime's own ``build_request`` for this rank (the loop it builds is never run)."""
-    spec = SimpleNamespace(family="token", num_generations=N, sampling=SamplingParams(), collate=None)
+    spec = SimpleNamespace(
+        family="token",
+        num_generations=N,
+        sampling=SamplingParams(),
+        collate=None,
+        filter_groups=False,
+        max_filter_launches_per_step=10,
+    )
     return BatchRuntime(spec, settings(seed, rank), weight_sync=None).make_loop([], 1).build_request
 
 
