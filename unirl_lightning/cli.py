@@ -205,7 +205,28 @@ class UniRLCLI(LightningCLI):
         add_rl_progress_bar(config)
 
 
-class ExportCLI(UniRLCLI):
+class CheckpointCLI(UniRLCLI):
+    """A subcommand outside Lightning's ``Trainer`` methods that reads a fit config and a checkpoint:
+    the config parsed as ``fit`` parses it, plus ``--ckpt_path`` (and ``--weights_only``, accepted so
+    that a run's saved ``config.yaml`` parses). Subclasses set :attr:`prog`, :attr:`description` and
+    :attr:`ckpt_help` and may add arguments."""
+
+    prog = "unirl-lightning"
+    description = ""
+    ckpt_help = ""
+
+    def __init__(self, args: list[str] | None = None, **kwargs: Any) -> None:
+        kwargs.setdefault("parser_kwargs", {"prog": self.prog, "description": self.description})
+        super().__init__(args=args, run=False, **kwargs)
+
+    def add_arguments_to_parser(self, parser: Any) -> None:
+        parser.add_argument("--ckpt_path", type=str | None, default=None, help=self.ckpt_help)
+        parser.add_argument(
+            "--weights_only", type=bool | None, default=None, help="ignored (a fit config key)"
+        )
+
+
+class ExportCLI(CheckpointCLI):
     """``unirl-lightning export``: the fit config's module, a checkpoint's policy in it, written out.
 
     Parses the config as ``fit`` does (same checks, ``--ckpt_path last`` resolved the same way) plus
@@ -213,26 +234,12 @@ class ExportCLI(UniRLCLI):
     built, so a GPU recipe exports on a CPU machine), then :func:`unirl_lightning.export.export_checkpoint`.
     """
 
-    def __init__(self, args: list[str] | None = None, **kwargs: Any) -> None:
-        kwargs.setdefault(
-            "parser_kwargs",
-            {
-                "prog": "unirl-lightning export",
-                "description": "Export a checkpoint's policy in the Hugging Face layout.",
-            },
-        )
-        super().__init__(args=args, run=False, **kwargs)
+    prog = "unirl-lightning export"
+    description = "Export a checkpoint's policy in the Hugging Face layout."
+    ckpt_help = "a .ckpt file, a sharded checkpoint folder, or 'last' (the newest last*.ckpt of the run)"
 
     def add_arguments_to_parser(self, parser: Any) -> None:
-        parser.add_argument(
-            "--ckpt_path",
-            type=str | None,
-            default=None,
-            help="a .ckpt file, a sharded checkpoint folder, or 'last' (the newest last*.ckpt of the run)",
-        )
-        parser.add_argument(
-            "--weights_only", type=bool | None, default=None, help="ignored (a fit config key)"
-        )
+        super().add_arguments_to_parser(parser)
         parser.add_argument("--output", type=str | None, default=None, help="the directory to write")
         parser.add_argument(
             "--merge", action=ActionYesNo, default=False, help="LoRA: write the merged full model"
@@ -307,33 +314,16 @@ def run_export(args: list[str]) -> Path:
     return path
 
 
-class ValidateCLI(UniRLCLI):
+class ValidateCLI(CheckpointCLI):
     """``unirl-lightning validate``: the fit config's trainer, module and datamodule, a checkpoint's
     policy in the module, one held-out evaluation on the rollout workers (see the module docstring).
 
     Parses the config as ``fit`` does (same checks, ``--ckpt_path last`` resolved the same way).
     """
 
-    def __init__(self, args: list[str] | None = None, **kwargs: Any) -> None:
-        kwargs.setdefault(
-            "parser_kwargs",
-            {
-                "prog": "unirl-lightning validate",
-                "description": "Evaluate a checkpoint (or the initial model) on the held-out prompts.",
-            },
-        )
-        super().__init__(args=args, run=False, **kwargs)
-
-    def add_arguments_to_parser(self, parser: Any) -> None:
-        parser.add_argument(
-            "--ckpt_path",
-            type=str | None,
-            default=None,
-            help="a .ckpt file, a sharded checkpoint folder, or 'last'; none = the initial model",
-        )
-        parser.add_argument(
-            "--weights_only", type=bool | None, default=None, help="ignored (a fit config key)"
-        )
+    prog = "unirl-lightning validate"
+    description = "Evaluate a checkpoint (or the initial model) on the held-out prompts."
+    ckpt_help = "a .ckpt file, a sharded checkpoint folder, or 'last'; none = the initial model"
 
     def before_instantiate_classes(self) -> None:
         from unirl_lightning.export import check_checkpoint_path
