@@ -61,7 +61,8 @@ def run(name: str, keys: dict[str, str], steps: int) -> dict:
         )
         wall = time.perf_counter() - start
         if done.returncode != 0:
-            return {"name": name, "ok": False, "error": done.stderr[-1500:]}
+            lines = done.stderr.strip().splitlines()
+            return {"name": name, "ok": False, "error": lines[-1] if lines else f"exit {done.returncode}"}
         scalars = read_scalars(tmp)
     rewards = [value for _, value in scalars["rollout/reward_mean"]]
     accuracy = [value for _, value in scalars.get("eval/accuracy", [])]
