@@ -191,22 +191,25 @@ def absolute_file_path(path: str) -> str:
     return path
 
 
+def _callable_attribute(path: str, owner: Any, where: str, attr_path: str) -> Any:
+    """``owner``'s dotted attribute ``attr_path``, which must be callable (errors name ``path``)."""
+    target = owner
+    try:
+        for attr in attr_path.split("."):
+            target = getattr(target, attr)
+    except AttributeError:
+        raise ImportError(f"Reward path {path!r}: {where} has no attribute {attr_path!r}.") from None
+    if not callable(target):
+        raise TypeError(f"Reward path {path!r} resolves to {target!r}, which is not callable.")
+    return target
+
+
 def import_callable(path: str) -> Callable:
     """Import ``"pkg.mod:attr.sub"``, ``"pkg.mod.attr"`` or ``"path/to/file.py:attr"`` (a Python
     file, relative to the working directory) and return the attribute."""
     file, sep, attr_path = path.rpartition(":")
     if sep and file.endswith(".py") and attr_path:
-        target: Any = _import_file(path, file)
-        try:
-            for attr in attr_path.split("."):
-                target = getattr(target, attr)
-        except AttributeError:
-            raise ImportError(
-                f"Reward path {path!r}: file {file!r} has no attribute {attr_path!r}."
-            ) from None
-        if not callable(target):
-            raise TypeError(f"Reward path {path!r} resolves to {target!r}, which is not callable.")
-        return target
+        return _callable_attribute(path, _import_file(path, file), f"file {file!r}", attr_path)
     if ":" in path:
         module_name, _, attr_path = path.partition(":")
         candidates = [(module_name, attr_path)]
@@ -226,16 +229,7 @@ def import_callable(path: str) -> Callable:
                 errors.append(f"no module {module_name!r}")
                 continue  # the module itself is missing: try a shorter module prefix
             raise ImportError(f"Reward path {path!r}: importing {module_name!r} failed: {err}") from err
-        try:
-            for attr in attr_path.split("."):
-                target = getattr(target, attr)
-        except AttributeError:
-            raise ImportError(
-                f"Reward path {path!r}: module {module_name!r} has no attribute {attr_path!r}."
-            ) from None
-        if not callable(target):
-            raise TypeError(f"Reward path {path!r} resolves to {target!r}, which is not callable.")
-        return target
+        return _callable_attribute(path, target, f"module {module_name!r}", attr_path)
     raise ImportError(f"Reward path {path!r} could not be imported ({'; '.join(errors)}).")
 
 
