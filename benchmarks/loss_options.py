@@ -6,7 +6,13 @@ read back from its TensorBoard files: the mean sampled reward of the first and l
 held-out greedy accuracy at the start and the end. One run each: it shows that an option trains, not
 that it helps (that needs seeds and a harder task).
 
-    python benchmarks/loss_options.py [--only NAME ...] [--steps 120]
+The multi-turn options (``max_turn_staleness``, ``max_context_tokens``) run the same way on
+``examples/agentic_guessing_tiny.yaml`` (async, staleness 1, ``tail_policy: carry``, a sync every
+step, 300 steps), with the turn-staleness, eviction and context figures read back too.
+``truncated_turn`` is not among them: it acts only on chat-template episodes, and the tiny recipes'
+one-token compact turns are complete by design (its behaviour is pinned by tests).
+
+    python benchmarks/loss_options.py [--only NAME ...] [--steps 120] [--agentic-steps N]
 """
 
 from __future__ import annotations
@@ -46,13 +52,29 @@ OPTIONS: dict[str, dict[str, str]] = {
         "max_new_tokens": "4",
     },
 }
+# the multi-turn options, on examples/agentic_guessing_tiny.yaml (async, staleness 1, carry, a sync every
+# step, 300 steps): the recipe's own step count unless --steps is given
+AGENTIC_CONFIG = "examples/agentic_guessing_tiny.yaml"
+AGENTIC_OPTIONS: dict[str, dict[str, str]] = {
+    "agentic baseline (guessing game, carry)": {},
+    "max_turn_staleness: 1": {"max_turn_staleness": "1"},
+    "max_turn_staleness: 0": {"max_turn_staleness": "0"},
+    "max_context_tokens: 6": {"max_context_tokens": "6"},
+}
+AGENTIC_FIGURES = (
+    "agentic/turn_staleness_max",
+    "agentic/turn_evicted_groups",
+    "agentic/context_limited",
+    "agentic/turns_mean",
+)
 OUT = REPO / "benchmarks" / "results" / "loss_options.json"
 
 
-def run(name: str, keys: dict[str, str], steps: int) -> dict:
+def run(name: str, keys: dict[str, str], steps: int | None, config: str = "examples/grpo_tiny.yaml") -> dict:
     with tempfile.TemporaryDirectory() as tmp:
-        command = [sys.executable, "-m", "unirl_lightning.cli", "fit", "--config", "examples/grpo_tiny.yaml"]
-        command += [f"--trainer.max_steps={steps}", "--trainer.enable_progress_bar=false"]
+        command = [sys.executable, "-m", "unirl_lightning.cli", "fit", "--config", config]
+        command += [f"--trainer.max_steps={steps}"] if steps else []
+        command += ["--trainer.enable_progress_bar=false"]
         command += [f"--trainer.logger.init_args.save_dir={tmp}", f"--trainer.default_root_dir={tmp}"]
         command += [f"--model.init_args.{key}={value}" for key, value in keys.items()]
         start = time.perf_counter()
@@ -66,10 +88,18 @@ def run(name: str, keys: dict[str, str], steps: int) -> dict:
         scalars = read_scalars(tmp)
     rewards = [value for _, value in scalars["rollout/reward_mean"]]
     accuracy = [value for _, value in scalars.get("eval/accuracy", [])]
+    figures = {  # the last value of each multi-turn figure (the counters are cumulative), and the max
+        key: {"last": scalars[key][-1][1], "max": max(v for _, v in scalars[key])}
+        for key in AGENTIC_FIGURES
+        if key in scalars
+    }
     return {
         "name": name,
         "ok": True,
+        "config": config,
+        "steps": len(rewards),
         "keys": keys,
+        "figures": figures,
         "reward_first20": sum(rewards[:20]) / 20,
         "reward_last20": sum(rewards[-20:]) / 20,
         "eval_start": accuracy[0] if accuracy else None,
@@ -78,19 +108,29 @@ def run(name: str, keys: dict[str, str], steps: int) -> dict:
     }
 
 
+def _fmt(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f}"
+
+
 def main() -> None:
     parser = script_parser(__doc__)
     parser.add_argument(
         "--only", nargs="*", help="run these option names only (the others keep their last result)"
     )
-    parser.add_argument("--steps", type=int, default=120)
+    parser.add_argument("--steps", type=int, default=120, help="steps of the single-turn runs")
+    parser.add_argument("--agentic-steps", type=int, default=None, help="default: the recipe's (300)")
     args = parser.parse_args()
     results = [
         run(name, keys, args.steps) for name, keys in OPTIONS.items() if not args.only or name in args.only
     ]
+    results += [
+        run(name, keys, args.agentic_steps, AGENTIC_CONFIG)
+        for name, keys in AGENTIC_OPTIONS.items()
+        if not args.only or name in args.only
+    ]
     if args.only and OUT.exists():  # keep the other options' last results
         kept = [r for r in json.loads(OUT.read_text())["results"] if r["name"] not in args.only]
-        order = list(OPTIONS)
+        order = [*OPTIONS, *AGENTIC_OPTIONS]
         results = sorted(
             kept + results, key=lambda r: order.index(r["name"]) if r["name"] in order else len(order)
         )
@@ -102,7 +142,11 @@ def main() -> None:
             continue
         print(
             f"| {r['name']} | {r['reward_first20']:.2f} | {r['reward_last20']:.2f} | "
-            f"{r['eval_start']:.2f} → {r['eval_end']:.2f} | {r['wall_s']:.0f} s |"
+            f"{_fmt(r['eval_start'])} → {_fmt(r['eval_end'])} | {r['wall_s']:.0f} s |"
+            + "".join(
+                f" {k.split('/')[1]} {v['last']:g} (max {v['max']:g})"
+                for k, v in r.get("figures", {}).items()
+            )
         )
     OUT.write_text(json.dumps({"steps": args.steps, "results": results}, indent=1))
     print(json.dumps({"written": str(OUT.relative_to(REPO))}))

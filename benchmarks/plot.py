@@ -63,12 +63,17 @@ def main() -> None:
             "steps / s",
         )
     # the side-by-side benchmarks draw their own figures (each module's ``plot``)
+    import smollm2_learning
     import step_overhead
     import time_to_accuracy
     import vs_trl
 
     for module, name in (
         (vs_trl, "vs_trl"),
+        (vs_trl, "vs_trl_natural"),
+        (vs_trl, "vs_trl_smollm2"),
+        (vs_trl, "vs_trl_smollm2_natural"),
+        (smollm2_learning, "smollm2_learning"),
         (time_to_accuracy, "time_to_accuracy"),
         (step_overhead, "step_overhead"),
     ):

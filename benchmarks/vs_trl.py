@@ -16,8 +16,11 @@ tokenizer), built once with seed 0 and saved to a temporary folder; both sides l
 (ours: ``PretrainedCausalLM(name_or_path=dir, dtype="float32")``, TRL: ``from_pretrained``). EOS is
 suppressed on both sides (``suppress_tokens`` in the saved generation config, and in TRL's
 ``generation_kwargs``), so every completion is exactly ``max_new_tokens`` long; the tokens each
-side generated per step are counted and reported (they must be equal). Reward on both sides: the
-first character of the completion equals the answer.
+side generated per step are counted and reported (they must be equal). With ``--stopping natural``
+nothing is suppressed: EOS ends completions as in real runs, lengths differ between the sides, and
+the figure to compare is completion tokens per second (``tokens_per_s``, the tokens of the timed
+steps over their wall time; results in ``vs_trl_natural.json``). Reward on both sides: the first
+character of the completion equals the answer.
 
 Configurations, each in its own process (torch threads and Ray start fresh):
 
@@ -118,7 +121,7 @@ def child_trl(cfg: dict[str, Any]) -> dict[str, Any]:
             lr=cfg["lr"],
             seed=cfg["seed"],
             max_steps=cfg["warmup"] + cfg["steps"],
-            suppress_eos=True,
+            suppress_eos=cfg["suppress_eos"],
             output_dir=out,
             callbacks=[clock],
         )
@@ -132,6 +135,7 @@ def child_trl(cfg: dict[str, Any]) -> dict[str, Any]:
         "seconds": seconds,
         "steps_per_s": steps / seconds,
         "completions_per_s": steps * cfg["prompts"] * cfg["group"] / seconds,
+        "tokens_per_s": sum(tokens) / seconds,
         "tokens_per_step": sorted(set(tokens)),
         "prompt_tokens_per_step": sorted(set(trainer.prompt_tokens[w:])),
         "generate_s": sum(trainer.generate_s[w:]) / steps,
@@ -208,6 +212,7 @@ def child_ours(cfg: dict[str, Any]) -> dict[str, Any]:
         "seconds": seconds,
         "steps_per_s": steps / seconds,
         "completions_per_s": steps * cfg["prompts"] * cfg["group"] / seconds,
+        "tokens_per_s": sum(m["rollout/completion_tokens"] for m in timed) / seconds,
         "tokens_per_step": sorted({int(m["rollout/completion_tokens"]) for m in timed}),
         "prompt_tokens_per_step": sorted({int(m["prompt_tokens"]) for m in timed}),
         "generate_s": mean("perf/generate_time_s"),
@@ -240,6 +245,7 @@ def summarize(runs: list[dict[str, Any]], workloads: list[str], configs: list[st
             rows[name] = {
                 "steps_per_s": common.spread([r["steps_per_s"] for r in mine]),
                 "completions_per_s": common.spread([r["completions_per_s"] for r in mine]),
+                "tokens_per_s": common.spread([r["tokens_per_s"] for r in mine]),
                 "generate_s": common.spread([r["generate_s"] for r in mine])["median"],
                 "train_s": common.spread([r.get("train_s") for r in mine])["median"],
                 "sync_s": common.spread([r.get("sync_s") for r in mine])["median"],
@@ -259,6 +265,17 @@ def summarize(runs: list[dict[str, Any]], workloads: list[str], configs: list[st
                 return None
             return round(rows[name]["completions_per_s"]["median"] / base, 3)
 
+        best_trl_tokens = max(
+            (rows[n]["tokens_per_s"]["median"] for n in rows if n.startswith("trl")), default=None
+        )
+
+        def token_ratio(
+            name: str, rows: dict[str, Any] = rows, base: float | None = best_trl_tokens
+        ) -> float | None:
+            if name not in rows or not base:
+                return None
+            return round(rows[name]["tokens_per_s"]["median"] / base, 3)
+
         sync_base = rows["sync"]["completions_per_s"]["median"] if "sync" in rows else None
         all_tokens = sorted({t for row in rows.values() for t in row["tokens_per_step"]})
         all_prompt = sorted({t for row in rows.values() for t in row["prompt_tokens_per_step"]})
@@ -269,6 +286,11 @@ def summarize(runs: list[dict[str, Any]], workloads: list[str], configs: list[st
             "sync_2t_vs_best_trl": ratio("sync-2t", best_trl),
             "async_vs_best_trl": ratio("async", best_trl),
             "async_vs_sync": ratio("async", sync_base),
+            # per completion token (what counts when EOS ends completions at different lengths)
+            "best_trl_tokens_per_s": best_trl_tokens,
+            "sync_tokens_vs_best_trl": token_ratio("sync"),
+            "sync_2t_tokens_vs_best_trl": token_ratio("sync-2t"),
+            "async_tokens_vs_best_trl": token_ratio("async"),
             "tokens_per_step": all_tokens,
             "tokens_equal": len(all_tokens) == 1,
             "prompt_tokens_per_step": all_prompt,
@@ -276,28 +298,36 @@ def summarize(runs: list[dict[str, Any]], workloads: list[str], configs: list[st
     return summary
 
 
+def lengths(tokens: list[int]) -> str:
+    """The distinct tokens-per-step counts (a range when natural stopping makes them many)."""
+    return ",".join(map(str, tokens)) if len(tokens) <= 3 else f"{min(tokens)}-{max(tokens)}"
+
+
 def print_table(summary: dict[str, Any]) -> None:
     header = (
         f"{'workload':<8} {'config':<8} {'steps/s':>8} {'range':>13} {'compl/s':>8} {'vs TRL':>7} "
-        f"{'gen s':>6} {'train s':>7} {'sync s':>7} {'tokens/step':>11}"
+        f"{'tok/s':>7} {'vs TRL':>7} {'gen s':>6} {'train s':>7} {'sync s':>7} {'tokens/step':>11}"
     )
     print(header)
     for workload, s in summary.items():
-        best = s["best_trl_completions_per_s"]
+        best, best_tokens = s["best_trl_completions_per_s"], s["best_trl_tokens_per_s"]
         for name, row in s["configs"].items():
             sps = row["steps_per_s"]
             cps = row["completions_per_s"]["median"]
             vs = f"{cps / best:.2f}x" if best else "-"
+            tps = row["tokens_per_s"]["median"]
+            vs_tokens = f"{tps / best_tokens:.2f}x" if best_tokens else "-"
             fmt = lambda v: "-" if v is None else f"{v:.3f}"  # noqa: E731
             print(
                 f"{workload:<8} {name:<8} {sps['median']:>8.3f} {sps['min']:>6.2f}-{sps['max']:<6.2f} "
-                f"{cps:>8.1f} {vs:>7} {fmt(row['generate_s']):>6} {fmt(row['train_s']):>7} "
-                f"{fmt(row['sync_s']):>7} {','.join(map(str, row['tokens_per_step'])):>11}"
+                f"{cps:>8.1f} {vs:>7} {tps:>7.0f} {vs_tokens:>7} {fmt(row['generate_s']):>6} {fmt(row['train_s']):>7} "
+                f"{fmt(row['sync_s']):>7} {lengths(row['tokens_per_step']):>11}"
             )
 
 
 def plot(results: dict[str, Any], path: Path) -> None:
-    """Completions/s per configuration and workload (median, bars = range over runs)."""
+    """Completions/s (natural stopping: completion tokens/s) per configuration and workload (median,
+    bars = range over runs)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -312,18 +342,26 @@ def plot(results: dict[str, Any], path: Path) -> None:
         "sync-2t": "#2f80ed",
         "async": "#27ae60",
     }
+    key = (
+        "completions_per_s"
+        if results["config"].get("stopping", "suppressed") == "suppressed"
+        else "tokens_per_s"
+    )
     for ax, (workload, s) in zip(axes[0], summary.items()):
         names = list(s["configs"])
-        med = [s["configs"][n]["completions_per_s"]["median"] for n in names]
-        lo = [m - s["configs"][n]["completions_per_s"]["min"] for m, n in zip(med, names)]
-        hi = [s["configs"][n]["completions_per_s"]["max"] - m for m, n in zip(med, names)]
+        med = [s["configs"][n][key]["median"] for n in names]
+        lo = [m - s["configs"][n][key]["min"] for m, n in zip(med, names)]
+        hi = [s["configs"][n][key]["max"] - m for m, n in zip(med, names)]
         bars = ax.bar(names, med, yerr=[lo, hi], capsize=3, color=[colors.get(n, "#777") for n in names])
         ax.bar_label(bars, fmt="%.0f", padding=2)
-        tokens = ",".join(map(str, s["tokens_per_step"]))
+        tokens = lengths(s["tokens_per_step"])
         ax.set_title(f"{workload}: {WORKLOADS.get(workload, '?')} new tokens ({tokens} tok/step)", fontsize=9)
-        ax.set_ylabel("completions / s")
+        ax.set_ylabel(key.replace("_per_s", " / s").replace("_", " "))
         ax.grid(axis="y", alpha=0.3)
-    fig.suptitle(f"GRPO vs TRL {results['config'].get('trl', '')} GRPOTrainer, 2 CPU cores", fontsize=10)
+    stopping = "EOS suppressed" if key == "completions_per_s" else "natural stopping (EOS ends completions)"
+    fig.suptitle(
+        f"GRPO vs TRL {results['config'].get('trl', '')} GRPOTrainer, 2 CPU cores\n{stopping}", fontsize=9
+    )
     common.save_figure(fig, path)
 
 
@@ -340,11 +378,21 @@ def main() -> None:
     parser.add_argument("--group", type=int, default=8)
     parser.add_argument("--lr", type=float, default=1e-6)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--out", default=str(RESULTS_PATH))
+    parser.add_argument(
+        "--stopping",
+        choices=["suppressed", "natural"],
+        default="suppressed",
+        help="suppressed: every end token suppressed on both sides (equal lengths); natural: EOS ends "
+        "completions as in real runs (compare tokens/s)",
+    )
+    parser.add_argument("--out", default=None, help="default: results/vs_trl.json (vs_trl_natural.json)")
     args = parser.parse_args()
     if args.child:
         child(json.loads(args.child))
         return
+    suppress = args.stopping == "suppressed"
+    if args.out is None:
+        args.out = str(RESULTS_PATH if suppress else RESULTS_PATH.with_name("vs_trl_natural.json"))
     if args.quick:
         args.runs, args.steps, args.steps_long, args.warmup = 1, 3, 2, 2
 
@@ -353,12 +401,12 @@ def main() -> None:
     runs: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="vs-trl-model-") as model_dir:
         model = common.build_model_dir(
-            model_dir, hidden=128, layers=4, intermediate=256, seed=args.seed, suppress_eos=True
+            model_dir, hidden=128, layers=4, intermediate=256, seed=args.seed, suppress_eos=suppress
         )
         model_dirs = {workload: model_dir for workload in args.workloads}
         if "smollm2" in args.workloads:
             model_dirs["smollm2"] = str(Path(model_dir) / "smollm2")
-            model = {"tiny": model, "smollm2": common.build_smollm2_dir(model_dirs["smollm2"])}
+            model = {"tiny": model, "smollm2": common.build_smollm2_dir(model_dirs["smollm2"], suppress)}
         for run in range(args.runs):
             for workload in args.workloads:
                 for name in args.configs:
@@ -375,6 +423,7 @@ def main() -> None:
                         **WORKLOAD_SHAPE.get(workload, {}),
                         "lr": args.lr,
                         "seed": args.seed,
+                        "suppress_eos": suppress,
                         **CONFIGS[name],
                     }
                     result = common.run_child(Path(__file__), cfg)
@@ -407,11 +456,12 @@ def main() -> None:
             "sync_vs_best_trl": s["sync_vs_best_trl"],
             "async_vs_best_trl": s["async_vs_best_trl"],
             "async_vs_sync": s["async_vs_sync"],
-            "tokens_per_step": s["tokens_per_step"],
+            "sync_tokens_vs_best_trl": s["sync_tokens_vs_best_trl"],
+            "async_tokens_vs_best_trl": s["async_tokens_vs_best_trl"],
         }
         for workload, s in summary.items()
     }
-    print(json.dumps({"trl_version": trl, "quick": args.quick, **final}))
+    print(json.dumps({"trl_version": trl, "quick": args.quick, "stopping": args.stopping, **final}))
 
 
 if __name__ == "__main__":

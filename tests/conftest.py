@@ -23,3 +23,12 @@ def ray_local():
         ray.init(num_cpus=16, include_dashboard=False, object_store_memory=256 * 1024**2, log_to_driver=False)
     yield ray
     ray.shutdown()
+
+
+@pytest.fixture(autouse=True)
+def no_global_seed_left_behind():
+    """``seed_everything`` leaves its seed in ``PL_GLOBAL_SEED``, which default seeds follow (the
+    strategy's rollout seed, LoRA's init): a test that seeds must not change the next test's run."""
+    os.environ.pop("PL_GLOBAL_SEED", None)
+    yield
+    os.environ.pop("PL_GLOBAL_SEED", None)

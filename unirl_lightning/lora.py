@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -29,6 +29,9 @@ class LoraSpec:
         target_modules: module-name suffixes to adapt; None = the architecture's default
             (LLMs: attention and MLP projections; SD3: the attention projections, as in Flow-GRPO;
             UNet: the ResNet convs and time projections).
+        init_seed: seed of the adapters' random initialisation (``lora_A``; ``lora_B`` starts at 0),
+            the same in the trainer and every engine. None = the seed of ``seed_everything`` when the
+            module is built (see :meth:`resolved`), else 0.
 
     Example::
 
@@ -38,6 +41,14 @@ class LoraSpec:
     rank: int = 4
     alpha: float = 8.0
     target_modules: tuple[str, ...] | None = None
+    init_seed: int | None = None
+
+    def resolved(self) -> LoraSpec:
+        """This spec with a concrete ``init_seed`` (the global seed where it is None), so that the
+        engines, built in other processes from the spec, draw the trainer's adapters."""
+        from unirl_lightning.rollout.types import global_seed
+
+        return self if self.init_seed is not None else replace(self, init_seed=global_seed())
 
     def __post_init__(self) -> None:
         if self.rank < 1:
@@ -53,7 +64,9 @@ def apply_lora(model: torch.nn.Module, lora: LoraSpec, default_targets: Iterable
     targets = list(lora.target_modules or default_targets)
     config = LoraConfig(r=lora.rank, lora_alpha=lora.alpha, target_modules=targets, lora_dropout=0.0)
     with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(0)  # lora_A is random: trainer and workers draw the same one
+        torch.manual_seed(
+            lora.resolved().init_seed
+        )  # lora_A is random: trainer and workers draw the same one
         return get_peft_model(model, config)
 
 

@@ -76,8 +76,8 @@ class RolloutStrategyMixin:
             ``"colocate"`` (engines sleep while the trainer runs; synchronous only).
         offload_optimizer: ``"colocate"`` only: the optimizer state goes to the host while engines wake.
         weight_sync: ``"object_store"`` (default), ``"collective"`` or a ``WeightSync`` instance.
-        seed: base seed of the rollout: every seed is a hash of it (``rollout.types.derive_seed``; request
-            ``g`` of rank ``r``: ``derive_seed(seed, r, g)``), so no two requests or samples share one.
+        seed: base seed of the rollout (None = ``seed_everything``'s seed, else 0): every seed is a hash
+            of it (request ``g`` of rank ``r``: ``derive_seed(seed, r, g)``): no two requests share one.
         trainer_threads: torch threads of each training process on CPU. None = the CPU rule
             (:func:`~unirl_lightning.runtime.cpu_threads`; engines with ``num_threads="auto"`` follow it).
         generation_timeout_s: seconds a worker may take per request of up to 1024 samples (longer
@@ -96,7 +96,7 @@ class RolloutStrategyMixin:
         num_gpus_per_worker: float = 0,
         placement: Placement = "separate",
         weight_sync: WeightSyncName | WeightSync = "object_store",
-        seed: int = 0,
+        seed: int | None = None,
         trainer_threads: PositiveInt | None = None,
         generation_timeout_s: float = 600.0,
         max_worker_restarts: NonNegativeInt = 3,

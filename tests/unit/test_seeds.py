@@ -26,7 +26,7 @@ from unirl_lightning.runtime.batch import BatchRuntime
 RANKS, GEN_IDS, PARTS, RECORDS_PER_PART, N = 3, 200, 4, 2, 8  # 16 samples per part
 
 
-def settings(seed: int, rank: int) -> RolloutSettings:
+def settings(seed: int | None, rank: int) -> RolloutSettings:
     return RolloutSettings(
         engine="auto",
         max_staleness=1,
@@ -218,3 +218,42 @@ def test_diffusion_seeds_each_chunk_with_derive_seed_of_the_chunk_index(seed):
     expected = [None] * 3 if seed is None else [derive_seed(seed, c) for c in range(3)]
     assert chunks == [(2, expected[0], 0), (2, expected[1], 2), (1, expected[2], 4)]
     assert len(groups) == 5
+
+
+# -- seed_everything reaches every default seed ------------------------------------------------------
+def test_the_strategys_rollout_seed_follows_seed_everything_unless_given():  # conftest unsets it
+    from lightning.pytorch import seed_everything
+
+    from unirl_lightning import AsyncRolloutStrategy
+
+    assert AsyncRolloutStrategy().rollout.seed == 0  # no global seed: 0, as before
+    seed_everything(5)
+    assert AsyncRolloutStrategy().rollout.seed == 5
+    assert AsyncRolloutStrategy(seed=2).rollout.seed == 2  # an explicit seed wins
+    assert settings(None, 0).seed == 5  # the settings record resolves None itself
+
+
+def test_lora_adapters_are_initialised_from_the_global_seed_and_the_engine_draws_the_same():
+    import torch
+    from lightning.pytorch import seed_everything
+
+    from unirl_lightning import GRPOModule
+    from unirl_lightning.engines.hf import HFEngineConfig
+    from unirl_lightning.lora import LoraSpec
+    from unirl_lightning.models import TinyCausalLM
+
+    def adapters(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+        return {k: v.clone() for k, v in model.state_dict().items() if "lora_A" in k}
+
+    built = {}
+    for seed in (0, 1):
+        seed_everything(seed)
+        module = GRPOModule(policy=TinyCausalLM(), lora=LoraSpec(rank=2, alpha=4))
+        assert module.lora.init_seed == seed  # resolved when the module is built, so it travels
+        engine = HFEngineConfig(device="cpu").build(module.policy_spec, module.rollout_spec().lora)
+        built[seed] = adapters(module.policy)
+        assert built[seed] and all(torch.equal(built[seed][k], v) for k, v in adapters(engine.model).items())
+    assert any(not torch.equal(built[0][k], built[1][k]) for k in built[0])  # seeds differ: adapters differ
+    seed_everything(1)
+    fixed = GRPOModule(policy=TinyCausalLM(), lora=LoraSpec(rank=2, alpha=4, init_seed=0))
+    assert all(torch.equal(adapters(fixed.policy)[k], built[0][k]) for k in built[0])  # init_seed wins

@@ -197,9 +197,9 @@ class CausalLMModule(PolicyGradientModule):
         self.save_hyperparameters(ignore=["policy", "reward", "lora"])
         self.policy_spec = policy or TinyCausalLM()
         self.policy, self.tokenizer = self.policy_spec.build()
-        self.lora = lora
-        if lora is not None:  # only the adapters train, and only they are pushed to the engines
-            self.policy = apply_lora(self.policy, lora, LLM_LORA_TARGETS)
+        self.lora = lora.resolved() if lora is not None else None  # its init seed travels to the engines
+        if self.lora is not None:  # only the adapters train, and only they are pushed to the engines
+            self.policy = apply_lora(self.policy, self.lora, LLM_LORA_TARGETS)
         if self.gradient_checkpointing:
             enable_gradient_checkpointing(self.policy)
         self.reward = resolve_reward(reward) if reward is not None else ExactMatchReward()

@@ -123,9 +123,9 @@ class FlowGRPOModule(PolicyGradientModule):
                 f"guidance_scale must be 1.0 for an unconditional model, got {guidance_scale} (this policy "
                 "is unconditional)"
             )
-        self.lora = lora
-        if lora is not None:
-            self.pipeline.denoiser = apply_lora(self.pipeline.denoiser, lora, self.pipeline.lora_targets)
+        self.lora = lora.resolved() if lora is not None else None  # its init seed travels to the engines
+        if self.lora is not None:
+            self.pipeline.denoiser = apply_lora(self.pipeline.denoiser, self.lora, self.pipeline.lora_targets)
         self.policy = self.pipeline.denoiser
         if reward is None:
             from unirl_lightning.rewards.image import TargetColorReward

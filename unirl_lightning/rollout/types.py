@@ -16,6 +16,7 @@ record types.
 from __future__ import annotations
 
 import hashlib
+import os
 from dataclasses import dataclass, field, fields, replace
 from typing import Any, Literal
 
@@ -126,6 +127,22 @@ def derive_seed(*parts: int) -> int:
     payload = ",".join(str(int(part)) for part in parts).encode()
     digest = hashlib.blake2b(payload, digest_size=8, person=b"unirl-seed").digest()
     return int.from_bytes(digest, "little") >> (64 - SEED_BITS)
+
+
+def global_seed(default: int = 0) -> int:
+    """The seed of ``lightning.seed_everything`` (the CLI's ``seed_everything``), read where Lightning
+    puts it for its own worker processes (the ``PL_GLOBAL_SEED`` environment variable), else
+    ``default``. Defaults that follow it (the strategy's rollout seed, LoRA's initialisation) make
+    ``--seed_everything 1`` a different run from ``--seed_everything 0``.
+
+    >>> import os
+    >>> os.environ["PL_GLOBAL_SEED"] = "7"; global_seed()
+    7
+    >>> del os.environ["PL_GLOBAL_SEED"]; global_seed(3)
+    3
+    """
+    value = os.environ.get("PL_GLOBAL_SEED")
+    return int(value) if value not in (None, "") else default
 
 
 def derive_seeds(seed: int | None, count: int) -> list[int | None]:

@@ -74,7 +74,7 @@ class RolloutSettings:
     num_cpus_per_worker: float
     num_gpus_per_worker: float
     placement: str
-    seed: int
+    seed: int | None  # None: seed_everything's seed (global_seed), resolved when the record is built
     trainer_threads: int | None
     generation_timeout_s: float
     max_worker_restarts: int
@@ -85,6 +85,10 @@ class RolloutSettings:
     offload_optimizer: bool = False
 
     def __post_init__(self) -> None:
+        if self.seed is None:
+            from unirl_lightning.rollout.types import global_seed
+
+            object.__setattr__(self, "seed", global_seed())
         check_rollout_settings(self.placement, self.max_staleness, self.max_inflight)
         if self.offload_optimizer and self.placement != "colocate":
             raise ValueError(

@@ -203,7 +203,7 @@ class RolloutWorkerGroup:
                 ray.get([w.close.remote() for w in workers], timeout=10)
             except Exception:  # noqa: BLE001 - a dead or stuck worker is killed below
                 pass
-        for worker in workers:
+        for worker in workers if ray.is_initialized() else []:  # ray.kill would start a fresh Ray
             try:
                 ray.kill(worker)
             except Exception:  # noqa: BLE001 - best effort at teardown

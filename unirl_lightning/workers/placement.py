@@ -180,7 +180,7 @@ class WorkerPlacement:
 
     def remove(self) -> None:
         """Remove the placement groups (their actors die with them); idempotent."""
-        for group in self.groups:
+        for group in self.groups if ray.is_initialized() else []:  # a Ray call would start a fresh Ray
             with suppress(Exception):  # already removed, or Ray gone
                 remove_placement_group(group)
         self.groups = []
