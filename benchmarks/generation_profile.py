@@ -4,7 +4,8 @@
 
 The generation of ``vs_trl.py --workloads smollm2`` (SmolLM2-135M-Instruct, float32, 4 prompts x 4
 samples x 16 new tokens, temperature 1), timed in layers, each the median of ``--calls`` calls after
-one warm-up call, every layer with ``--threads`` torch threads:
+one warm-up call (the three in-process layers interleaved call by call), every layer with
+``--threads`` torch threads:
 
 * ``raw``: ``model.generate`` on the left-padded batch, in this process (what TRL's HF path calls);
 * ``engine``: our ``HFEngine.generate(request)`` in this process: tokenisation, the same
@@ -51,6 +52,26 @@ def timed(fn: Any, calls: int) -> dict[str, float]:
         "median_s": round(statistics.median(times), 3),
         "min_s": round(min(times), 3),
         "max_s": round(max(times), 3),
+    }
+
+
+def interleaved(fns: dict[str, Any], calls: int) -> dict[str, dict[str, float]]:
+    """:func:`timed` for several functions, one call of each in turn (after one warm-up call each)."""
+    for fn in fns.values():
+        fn()
+    times: dict[str, list[float]] = {name: [] for name in fns}
+    for _ in range(calls):
+        for name, fn in fns.items():
+            start = time.perf_counter()
+            fn()
+            times[name].append(time.perf_counter() - start)
+    return {
+        name: {
+            "median_s": round(statistics.median(t), 3),
+            "min_s": round(min(t), 3),
+            "max_s": round(max(t), 3),
+        }
+        for name, t in times.items()
     }
 
 
@@ -106,21 +127,24 @@ def main() -> None:
                     eos_token_id=engine.stop_ids,
                 )
 
-        layers: dict[str, Any] = {}
-        layers["raw"] = timed(raw, args.calls)
-        layers["engine"] = timed(lambda: engine.generate(request), args.calls)
-
         @contextlib.contextmanager
         def detached(self: StepScorer, model: Any):  # noqa: ANN202
             yield self
 
         attached = StepScorer.attached
-        StepScorer.attached = detached  # type: ignore[method-assign]
-        try:
-            with contextlib.suppress(RuntimeError):  # logprobs() refuses an unscored run: time the rest
-                layers["engine-no-scorer"] = timed(lambda: _ignore(engine.generate, request), args.calls)
-        finally:
-            StepScorer.attached = attached  # type: ignore[method-assign]
+
+        def no_scorer() -> None:
+            StepScorer.attached = detached  # type: ignore[method-assign]
+            try:
+                _ignore(engine.generate, request)  # logprobs() refuses an unscored run: the rest is timed
+            finally:
+                StepScorer.attached = attached  # type: ignore[method-assign]
+
+        # the in-process layers interleaved call by call, so a slow phase of the machine hits each alike
+        layers: dict[str, Any] = interleaved(
+            {"raw": raw, "engine": lambda: engine.generate(request), "engine-no-scorer": no_scorer},
+            args.calls,
+        )
 
         ray.init(
             num_cpus=2,
