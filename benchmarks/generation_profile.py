@@ -41,20 +41,6 @@ import common  # noqa: E402
 RESULTS_PATH = common.RESULTS / "generation_profile.json"
 
 
-def timed(fn: Any, calls: int) -> dict[str, float]:
-    fn()  # warm-up
-    times = []
-    for _ in range(calls):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return {
-        "median_s": round(statistics.median(times), 3),
-        "min_s": round(min(times), 3),
-        "max_s": round(max(times), 3),
-    }
-
-
 def interleaved(fns: dict[str, Any], calls: int) -> dict[str, dict[str, float]]:
     """:func:`timed` for several functions, one call of each in turn (after one warm-up call each)."""
     for fn in fns.values():
@@ -73,6 +59,11 @@ def interleaved(fns: dict[str, Any], calls: int) -> dict[str, dict[str, float]]:
         }
         for name, t in times.items()
     }
+
+
+def timed(fn: Any, calls: int) -> dict[str, float]:
+    """The median, min and max seconds of ``calls`` calls of ``fn`` after a warm-up call."""
+    return interleaved({"fn": fn}, calls)["fn"]
 
 
 def main() -> None:

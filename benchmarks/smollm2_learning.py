@@ -117,6 +117,7 @@ def child_trl(cfg: dict[str, Any]) -> dict[str, Any]:
 
     from unirl_lightning.cli import UniRLCLI
     from unirl_lightning.prompts import render_prompt_text
+    from unirl_lightning.rewards.base import score_parts
 
     with tempfile.TemporaryDirectory(prefix="smollm2-trl-") as out:
         os.chdir(out)  # the parsed recipe's logger and checkpoint folders land here, unused
@@ -133,8 +134,6 @@ def child_trl(cfg: dict[str, Any]) -> dict[str, Any]:
         def reward(completions: list, answer: list, **_: Any) -> list[float]:
             texts = [c[-1]["content"] if isinstance(c, list) else c for c in completions]
             records = [{"answer": a} for a in answer]
-            from unirl_lightning.rewards.base import score_parts
-
             total, parts = score_parts(module.reward, texts, records)
             parts_log.append({k: sum(x or 0.0 for x in v) / len(v) for k, v in parts.items()})
             return total

@@ -260,21 +260,16 @@ def summarize(runs: list[dict[str, Any]], workloads: list[str], configs: list[st
             (rows[n]["completions_per_s"]["median"] for n in rows if n.startswith("trl")), default=None
         )
 
-        def ratio(name: str, base: float | None, rows: dict[str, Any] = rows) -> float | None:
+        def ratio(
+            name: str, base: float | None, key: str = "completions_per_s", rows: dict[str, Any] = rows
+        ) -> float | None:
             if name not in rows or not base:
                 return None
-            return round(rows[name]["completions_per_s"]["median"] / base, 3)
+            return round(rows[name][key]["median"] / base, 3)
 
         best_trl_tokens = max(
             (rows[n]["tokens_per_s"]["median"] for n in rows if n.startswith("trl")), default=None
         )
-
-        def token_ratio(
-            name: str, rows: dict[str, Any] = rows, base: float | None = best_trl_tokens
-        ) -> float | None:
-            if name not in rows or not base:
-                return None
-            return round(rows[name]["tokens_per_s"]["median"] / base, 3)
 
         sync_base = rows["sync"]["completions_per_s"]["median"] if "sync" in rows else None
         all_tokens = sorted({t for row in rows.values() for t in row["tokens_per_step"]})
@@ -288,9 +283,9 @@ def summarize(runs: list[dict[str, Any]], workloads: list[str], configs: list[st
             "async_vs_sync": ratio("async", sync_base),
             # per completion token (what counts when EOS ends completions at different lengths)
             "best_trl_tokens_per_s": best_trl_tokens,
-            "sync_tokens_vs_best_trl": token_ratio("sync"),
-            "sync_2t_tokens_vs_best_trl": token_ratio("sync-2t"),
-            "async_tokens_vs_best_trl": token_ratio("async"),
+            "sync_tokens_vs_best_trl": ratio("sync", best_trl_tokens, "tokens_per_s"),
+            "sync_2t_tokens_vs_best_trl": ratio("sync-2t", best_trl_tokens, "tokens_per_s"),
+            "async_tokens_vs_best_trl": ratio("async", best_trl_tokens, "tokens_per_s"),
             "tokens_per_step": all_tokens,
             "tokens_equal": len(all_tokens) == 1,
             "prompt_tokens_per_step": all_prompt,

@@ -68,6 +68,24 @@ class BucketedWeightLoader(Protocol):
     def finish_weight_load(self, weight_version: int | None) -> None: ...
 
 
+class InPlaceBucketLoading:
+    """:class:`BucketedWeightLoader` for an engine whose ``load_weights`` copies each tensor into its
+    parameters in place: a bucket is loaded as it arrives (the version unchanged), and the new version
+    is taken at ``finish_weight_load``. Mixed into the HF and diffusion engines."""
+
+    weight_version: int  # and the engine's load_weights(named_tensors, weight_version)
+
+    def begin_weight_load(self) -> None:
+        """Nothing to open: the buckets are copied in place."""
+
+    def load_weight_bucket(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
+        self.load_weights(named_tensors, self.weight_version)
+
+    def finish_weight_load(self, weight_version: int | None) -> None:
+        if weight_version is not None:
+            self.weight_version = weight_version
+
+
 @runtime_checkable
 class WeightGroupMember(Protocol):
     """An engine that joins the collective weight-sync group itself (vLLM: the member is the code in

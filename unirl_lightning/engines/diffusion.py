@@ -29,7 +29,7 @@ from typing import Any, ClassVar, Literal
 import torch
 
 from unirl_lightning.algorithms.flow import sde_step
-from unirl_lightning.engines.base import TorchThreadsEngineConfig, engine_device
+from unirl_lightning.engines.base import InPlaceBucketLoading, TorchThreadsEngineConfig, engine_device
 from unirl_lightning.lora import LoraSpec, apply_lora, effective_weights, load_named_weights
 from unirl_lightning.models_diffusion import SD3FlowModel, TinyFlowModel, guided_velocity
 from unirl_lightning.rollout.types import (
@@ -67,7 +67,7 @@ class DiffusionEngineConfig(TorchThreadsEngineConfig):
         return DiffusionEngine(self, policy, lora)
 
 
-class DiffusionEngine:
+class DiffusionEngine(InPlaceBucketLoading):  # a streamed push is loaded bucket by bucket, in place
     """Samples image groups with the Flow-GRPO SDE; see the module docstring for the contract."""
 
     def __init__(
@@ -87,17 +87,6 @@ class DiffusionEngine:
     def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], weight_version: int) -> None:
         load_named_weights(self.denoiser, named_tensors, self.lora)
         self.weight_version = weight_version
-
-    # a streamed push (BucketedWeightLoader): each bucket is copied into the parameters in place
-    def begin_weight_load(self) -> None:
-        """Nothing to open: the buckets are copied in place."""
-
-    def load_weight_bucket(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
-        load_named_weights(self.denoiser, named_tensors, self.lora)
-
-    def finish_weight_load(self, weight_version: int | None) -> None:
-        if weight_version is not None:
-            self.weight_version = weight_version
 
     def state_dict(self) -> dict[str, torch.Tensor]:
         """The effective denoiser weights (LoRA merged in), on CPU."""

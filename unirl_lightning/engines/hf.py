@@ -29,6 +29,7 @@ from typing import Any, Literal
 import torch
 
 from unirl_lightning.engines.base import (
+    InPlaceBucketLoading,
     TorchThreadsEngineConfig,
     check_context,
     engine_device,
@@ -86,7 +87,7 @@ class HFEngineConfig(TorchThreadsEngineConfig):
         return HFEngine(self, policy, lora)
 
 
-class HFEngine:
+class HFEngine(InPlaceBucketLoading):  # a streamed push is loaded bucket by bucket, in place
     """Generates groups with ``model.generate``; see the module docstring for the log-prob contract."""
 
     def __init__(self, config: HFEngineConfig, policy: PolicySpec, lora: LoraSpec | None) -> None:
@@ -110,17 +111,6 @@ class HFEngine:
     def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], weight_version: int) -> None:
         load_named_weights(self.model, named_tensors, self.lora)
         self.weight_version = weight_version
-
-    # a streamed push (BucketedWeightLoader): each bucket is copied into the parameters in place
-    def begin_weight_load(self) -> None:
-        """Nothing to open: the buckets are copied in place."""
-
-    def load_weight_bucket(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
-        load_named_weights(self.model, named_tensors, self.lora)
-
-    def finish_weight_load(self, weight_version: int | None) -> None:
-        if weight_version is not None:
-            self.weight_version = weight_version
 
     def state_dict(self) -> dict[str, torch.Tensor]:
         """The weights the engine generates with (LoRA adapters merged in), by the base model's names."""
