@@ -284,8 +284,12 @@ def plot(results: dict[str, Any], path: Path) -> None:
             steps = [e["step"] for e in run["evals"]]
             times = [e["t"] / 60 for e in run["evals"]]
             acc = [64 * e["heldout_accuracy"] for e in run["evals"]]
-            axes[0].plot(times, acc, "o-", color=color, alpha=0.8, label=label)
-            axes[1].plot(steps, acc, "o-", color=color, alpha=0.8, label=label)
+            # the recipe's settings (dr_grpo) solid, the group-std variants dashed and faded
+            style = (
+                {"linestyle": "--", "alpha": 0.45} if "grpo" in name else {"linestyle": "-", "alpha": 0.85}
+            )
+            axes[0].plot(times, acc, marker="o", color=color, label=label, **style)
+            axes[1].plot(steps, acc, marker="o", color=color, label=label, **style)
     axes[0].set_xlabel("wall time from process start (min)")
     axes[1].set_xlabel("optimizer step")
     for ax in axes:

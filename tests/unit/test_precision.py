@@ -168,3 +168,51 @@ def test_cast_floating_casts_floating_tensors_only(dtype):
     ints, floats = torch.arange(3), torch.randn(3)
     assert cast_floating(ints, dtype) is ints
     assert cast_floating(floats, dtype).dtype == (dtype or torch.float32)
+
+
+def test_the_optimizer_is_torchs_fused_adamw_and_steps_as_the_default_one_does():
+    """The fused kernel is picked for float32 CPU masters (and for bf16 compute over them, and for
+    PPO's critic group); three steps land on the same weights as torch's default AdamW."""
+    fused = tiny_module(lr=1e-3, weight_decay=0.01)
+    default = copy.deepcopy(fused)
+    optimizer = fused.configure_optimizers()
+    assert [g["fused"] for g in optimizer.param_groups] == [True]
+    reference = torch.optim.AdamW(
+        [p for p in default.policy.parameters() if p.requires_grad], lr=1e-3, weight_decay=0.01
+    )
+    assert not reference.param_groups[0]["fused"]
+    for _ in range(3):
+        one_step(fused, optimizer)
+        one_step(default, reference)
+    diffs = [
+        (a - b).abs().max().item() for a, b in zip(fused.policy.parameters(), default.policy.parameters())
+    ]
+    assert max(diffs) <= 1e-7, diffs
+
+    masters = tiny_module(policy=BF16_POLICY)
+    masters.setup("fit")
+    assert masters.configure_optimizers().param_groups[0]["fused"]
+    ppo = tiny_module(PPOModule)
+    assert [g["fused"] for g in ppo.configure_optimizers().param_groups] == [True, True]
+
+
+def test_parameters_the_fused_kernel_cannot_take_get_torchs_default_adamw():
+    from unirl_lightning.modules.base import adamw
+
+    meta = [torch.nn.Parameter(torch.zeros(2, device="meta"))]
+    assert not adamw(meta, lr=0.1).param_groups[0]["fused"]
+    assert adamw([torch.nn.Parameter(torch.zeros(2))], lr=0.1).param_groups[0]["fused"]
+
+
+def test_under_lightnings_amp_plugin_the_optimizer_is_not_fused():
+    """``Trainer(precision="bf16-mixed")`` refuses to clip the gradients of an optimizer that
+    unscales them itself (the fused kernel), so the default AdamW is kept there."""
+    from lightning.pytorch import Trainer
+
+    module = tiny_module()
+    module.trainer = Trainer(
+        precision="bf16-mixed", accelerator="cpu", logger=False, enable_checkpointing=False
+    )
+    assert not module.configure_optimizers().param_groups[0]["fused"]
+    module.trainer = Trainer(accelerator="cpu", logger=False, enable_checkpointing=False)
+    assert module.configure_optimizers().param_groups[0]["fused"]

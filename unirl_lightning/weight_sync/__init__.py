@@ -9,13 +9,14 @@ advances the version ledger. Backends: :class:`ObjectStoreWeightSync` (default),
 from typing import Literal
 
 from unirl_lightning.checks import require_choice
-from unirl_lightning.weight_sync.base import SyncStats, WeightSync, named_weights
+from unirl_lightning.weight_sync.base import PushTargets, SyncStats, WeightSync, named_weights
 from unirl_lightning.weight_sync.collective import CollectiveWeightSync
 from unirl_lightning.weight_sync.object_store import ObjectStoreWeightSync
 
 __all__ = [
     "CollectiveWeightSync",
     "ObjectStoreWeightSync",
+    "PushTargets",
     "SyncStats",
     "WeightSync",
     "WeightSyncName",

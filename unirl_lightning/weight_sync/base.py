@@ -20,6 +20,15 @@ class SyncStats:
     num_tensors: int
 
 
+class PushTargets(Protocol):
+    """What a backend pushes to: the rollout worker group (:class:`~unirl_lightning.workers.RolloutWorkerGroup`):
+    its live actors and how many replacements it may still make (a backend that cannot feed a
+    replacement refuses up front when ``max_restarts`` > 0)."""
+
+    workers: list[Any]
+    max_restarts: int
+
+
 class WeightSync(Protocol):
     """``push`` the model's weights to the workers, labelled ``weight_version``; ``close`` frees what
     the backend holds.
@@ -29,7 +38,7 @@ class WeightSync(Protocol):
     gather, so no collective), and returns None when it cannot. The rollout runtime calls it first
     when a worker is replaced (:class:`ObjectStoreWeightSync` implements it)."""
 
-    def push(self, model: torch.nn.Module, workers: Any, weight_version: int) -> SyncStats: ...
+    def push(self, model: torch.nn.Module, workers: PushTargets, weight_version: int) -> SyncStats: ...
 
     def close(self) -> None: ...
 

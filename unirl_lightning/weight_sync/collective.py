@@ -22,6 +22,7 @@ import torch.distributed as dist
 
 from unirl_lightning.sharding import full_tensor, is_sharded
 from unirl_lightning.weight_sync.base import (
+    PushTargets,
     SyncStats,
     pushed_dtype,
     serving_dtype,
@@ -75,12 +76,12 @@ def receive_device(backend: str) -> torch.device:
     return torch.device("cpu")
 
 
-def _check_replaceable(tensors: dict[str, torch.Tensor], workers: Any) -> None:
+def _check_replaceable(tensors: dict[str, torch.Tensor], workers: PushTargets) -> None:
     """Refuse a model sharded over several ranks when workers may be replaced: a replacement is
     served by one rank alone, and this backend can only send it the weights by gathering the shards
     (a collective the other ranks are not in). Checked at every push, so at setup's first push every
     rank refuses at the same point, before any collective."""
-    if getattr(workers, "max_restarts", 0) == 0 or not any(is_sharded(t) for t in tensors.values()):
+    if workers.max_restarts == 0 or not any(is_sharded(t) for t in tensors.values()):
         return
     if dist.is_initialized() and dist.get_world_size() > 1:
         raise ValueError(
@@ -179,7 +180,7 @@ class CollectiveWeightSync:
         self._group = None
         self._workers_key: tuple[Any, ...] | None = None
 
-    def _connect(self, workers: Any, device: torch.device) -> None:
+    def _connect(self, workers: PushTargets, device: torch.device) -> None:
         backend = self.backend if self.backend != "auto" else ("nccl" if device.type == "cuda" else "gloo")
         host, port = "127.0.0.1", _free_port()
         if len(ray.nodes()) > 1:  # a real cluster: workers dial this node's address
@@ -203,7 +204,7 @@ class CollectiveWeightSync:
                 f"collective weight sync: workers did not finish {what} within {self.timeout_s}s"
             ) from exc
 
-    def push(self, model: torch.nn.Module, workers: Any, weight_version: int) -> SyncStats:
+    def push(self, model: torch.nn.Module, workers: PushTargets, weight_version: int) -> SyncStats:
         start = time.perf_counter()
         # as the trainer holds them: a sharded model is gathered bucket by bucket below, never whole
         tensors = weight_tensors(model)

@@ -31,7 +31,13 @@ import torch
 from unirl_lightning.checks import require_positive
 from unirl_lightning.engines.serving import is_lora_push
 from unirl_lightning.sharding import full_tensor, is_sharded
-from unirl_lightning.weight_sync.base import SyncStats, serving_dtype, tensor_bytes, weight_tensors
+from unirl_lightning.weight_sync.base import (
+    PushTargets,
+    SyncStats,
+    serving_dtype,
+    tensor_bytes,
+    weight_tensors,
+)
 from unirl_lightning.weight_sync.buckets import PackedWeights, cast_floating, weight_buckets
 
 
@@ -61,7 +67,7 @@ class ObjectStoreWeightSync:
         # (bucket refs, weight_version, stats) of the last push, when it was kept
         self._last: tuple[list[Any], int, SyncStats] | None = None
 
-    def push(self, model: torch.nn.Module, workers: Any, weight_version: int) -> SyncStats:
+    def push(self, model: torch.nn.Module, workers: PushTargets, weight_version: int) -> SyncStats:
         start = time.perf_counter()
         dtype = serving_dtype(model)  # float32 masters of a bf16 policy travel as bf16
         tensors = weight_tensors(model)  # as held: shards are gathered a bucket at a time below
@@ -80,7 +86,7 @@ class ObjectStoreWeightSync:
             self._last = (refs, weight_version, stats)
         return stats
 
-    def resend(self, workers: Any, weight_version: int) -> SyncStats | None:
+    def resend(self, workers: PushTargets, weight_version: int) -> SyncStats | None:
         """Load the last push into ``workers`` (e.g. a replaced worker) when it was of
         ``weight_version`` and was kept (``keep_last_mb``): no gather (no collective), no new copy.
         None when there is no such push (nothing pushed yet, the last push was of another version,
@@ -101,7 +107,7 @@ class ObjectStoreWeightSync:
         )
         return store / 4
 
-    def _stream(self, buckets: Any, workers: Any, weight_version: int, keep: bool) -> list[Any]:
+    def _stream(self, buckets: Any, workers: PushTargets, weight_version: int, keep: bool) -> list[Any]:
         """Put each bucket (or take each ref) and have every worker load it; a bucket is put while
         the workers load the one before, and released once they did (unless ``keep``). One bucket:
         one ``load_weights``. Returns the refs kept."""
