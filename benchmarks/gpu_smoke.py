@@ -3,8 +3,8 @@
 Checks, each recorded under ``checks`` with ``ok``, its figures and its seconds (a failing check
 records its error and the next one still runs):
 
-* ``mixed_precision``: a GRPO module on a bf16 policy keeps float32 masters (and float32 AdamW
-  state), a bf16 frozen reference, computes bf16 logits under autocast on CUDA, and one step at
+* ``mixed_precision``: a GRPO module on a bf16 policy keeps float32 masters (and a fused AdamW
+  with float32 state), a bf16 frozen reference, computes bf16 logits under autocast on CUDA, and one step at
   lr 1e-6 moves the masters with a gradient (few of them move once rounded to bf16: what pure bf16
   weights lost).
 * ``logprob_memory``: peak ``torch.cuda.max_memory_allocated`` of a log-prob forward + backward
@@ -182,6 +182,7 @@ def check_mixed_precision(record: dict, smoke: Smoke):
         param_dtypes=sorted({str(p.dtype) for p in module.policy.parameters()}),
         reference_dtypes=sorted({str(p.dtype) for p in module.ref_policy.parameters()}),
         optimizer_state_dtypes=sorted({str(s["exp_avg"].dtype) for s in states}),
+        optimizer_fused=bool(optimizer.param_groups[0]["fused"]),  # torch's fused AdamW kernel on the device
         autocast_logits_dtype=str(logits_dtype),
         logprob_dtype=str(logp.dtype),
         fraction_masters_moved=float(masters[touched].float().mean()),
@@ -191,6 +192,7 @@ def check_mixed_precision(record: dict, smoke: Smoke):
         record["param_dtypes"] == ["torch.float32"]
         and record["reference_dtypes"] == ["torch.bfloat16"]
         and record["optimizer_state_dtypes"] == ["torch.float32"]
+        and record["optimizer_fused"]
         and logits_dtype == torch.bfloat16
         and record["fraction_masters_moved"] > 0.9
     )
@@ -290,7 +292,7 @@ def check_hf_generate(record: dict, smoke: Smoke):
     import torch
 
     from unirl_lightning.engines.hf import HFEngine, HFEngineConfig
-    from unirl_lightning.rollout.types import SamplingParams
+    from unirl_lightning.rollout.types import SamplingParams, derive_seed
 
     sizes = smoke.sizes
     engine = HFEngine(HFEngineConfig(device=smoke.device.type, num_threads=None), spec(sizes), None)
@@ -302,7 +304,8 @@ def check_hf_generate(record: dict, smoke: Smoke):
     record.update(rows=len(prompts), new_tokens=sampling.max_new_tokens, vocab=sizes["vocab"])
     base = reset_peak(smoke.device)
     began = time.perf_counter()
-    kept_tokens, kept_logps = kept_logits_generate(engine, prompts, sampling, seed=5)
+    # the engine seeds its first call of at most max_batch_size rows with derive_seed(seed, 0)
+    kept_tokens, kept_logps = kept_logits_generate(engine, prompts, sampling, seed=derive_seed(5, 0))
     record["before_kept_logits"] = {
         "peak_above_start_mb": peak_above(smoke.device, base),
         "seconds": round(time.perf_counter() - began, 3),

@@ -24,6 +24,9 @@ natural stopping at ``<|im_end|>``, 2 prompts x 8 samples x up to 64 new tokens 
   torch threads (TRL's default). Its held-out evaluation is a callback with the recipe's rule:
   greedy, 64 new tokens, stop at the end-of-turn token, the recipe's reward, correct when the reward
   is >= 1.0 (``accuracy_threshold: 1.0``);
+* ``trl-same-order``: ``trl`` on our prompt stream: the rows in the order our loop draws them (the
+  data module's first pass under its own seed, the same for every ``--seed``), TRL's shuffling off,
+  so step k trains on the same two prompts on both sides;
 * ``trl-grpo``: TRL with ``advantage: grpo`` (``scale_rewards="group"``, TRL's default);
   ``trl-grpo-defaults``: that with GRPOConfig's defaults for precision and memory (``bf16=True``,
   ``gradient_checkpointing=True``).
@@ -67,8 +70,9 @@ CONFIGS: dict[str, list[str]] = {  # extra CLI arguments, given to the recipe on
     "trl": [],
     "trl-grpo": GRPO_ADVANTAGE,
     "trl-grpo-defaults": GRPO_ADVANTAGE,  # and GRPOConfig's defaults bf16=True, gradient checkpointing
+    "trl-same-order": [],  # TRL on our prompt stream: the same prompts at the same steps as ours
 }
-TRL_SIDES = ("trl", "trl-grpo", "trl-grpo-defaults")
+TRL_SIDES = ("trl", "trl-grpo", "trl-grpo-defaults", "trl-same-order")
 TRL_SCALE_REWARDS = {"grpo": "group", "dr_grpo": "none"}  # our advantage -> TRL's scale_rewards
 
 
@@ -127,6 +131,10 @@ def child_trl(cfg: dict[str, Any]) -> dict[str, Any]:
         (evaluator,) = [c for c in cli.trainer.callbacks if type(c).__name__ == "RolloutEvalCallback"]
         tokenizer, sampling = module.tokenizer, module.sampling
         train = [dict(r) for r in data.train_records()]
+        if cfg["name"] == "trl-same-order":  # our stream's first pass, in order (unshuffled below)
+            loader = data.train_dataloader()
+            loader.sampler.set_epoch(0)
+            train = [dict(r) for batch in loader for r in batch]
         held_out = [dict(r) for r in data.val_records()][: evaluator.num_prompts]
         rows = [{"prompt": [{"role": "user", "content": r["prompt"]}], "answer": r["answer"]} for r in train]
         parts_log: list[dict[str, float]] = []
@@ -212,6 +220,7 @@ def child_trl(cfg: dict[str, Any]) -> dict[str, Any]:
             max_steps=cfg["steps"],
             seed=cfg["seed"],
             data_seed=cfg["seed"],
+            shuffle_dataset=cfg["name"] != "trl-same-order",
             dataloader_num_workers=0,
         )
         trainer = GRPOTrainer(
@@ -276,6 +285,7 @@ def plot(results: dict[str, Any], path: Path) -> None:
         "trl": "tab:red",
         "trl-grpo": "tab:orange",
         "trl-grpo-defaults": "tab:brown",
+        "trl-same-order": "tab:purple",
     }
     for name, color in colors.items():
         mine = [r for r in results["runs"] if r["name"] == name]

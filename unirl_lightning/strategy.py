@@ -29,7 +29,6 @@ from typing import Any, Literal
 
 import torch
 import torch.distributed as dist
-from jsonargparse.typing import NonNegativeInt, PositiveInt
 from lightning.pytorch.strategies import (
     DDPStrategy,
     ModelParallelStrategy,
@@ -39,6 +38,7 @@ from lightning.pytorch.strategies import (
 
 from unirl_lightning.checkpoint_io import AtomicCheckpointIO
 from unirl_lightning.checks import require_positive
+from unirl_lightning.cli_types import NonNegativeInt, PositiveInt
 from unirl_lightning.engines import EngineConfig, EngineName
 from unirl_lightning.rollout.loop import DeferredBatch
 from unirl_lightning.runtime import (

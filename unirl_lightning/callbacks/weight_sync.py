@@ -4,10 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from jsonargparse.typing import PositiveInt
-
 from unirl_lightning.callbacks.base import RolloutCallback
 from unirl_lightning.checks import require_at_least
+from unirl_lightning.cli_types import PositiveInt
 
 
 class WeightSyncCallback(RolloutCallback):

@@ -23,9 +23,8 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from jsonargparse.typing import NonNegativeInt, PositiveInt
-
 from unirl_lightning.checks import require_at_least, require_choice
+from unirl_lightning.cli_types import NonNegativeInt, PositiveInt
 from unirl_lightning.envs import EnvSpec, OnEnvError, resolve_environment
 from unirl_lightning.envs.coordinator import TruncatedTurn
 from unirl_lightning.modules.base import RolloutSpec
