@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import collections
 import json
+import os
+import subprocess
 import sys
 import tempfile
 import threading
@@ -73,8 +75,6 @@ def label(title: str, me: int, pid: int) -> str:
 
 
 def main() -> None:
-    import os
-
     parser = common.script_parser(__doc__)
     parser.add_argument("--steps", type=int, default=4)
     parser.add_argument("--stopping", default="natural", choices=["natural", "suppressed"])
@@ -98,8 +98,6 @@ def main() -> None:
             "--workloads", "smollm2", "--configs", "sync-2t", "--runs", "1", "--warmup", "1",
             "--steps-long", str(args.steps), "--stopping", args.stopping, "--out", str(Path(out) / "run.json"),
         ]  # fmt: skip
-        import subprocess
-
         subprocess.run(cmd, check=True, env=common.child_env(), stdout=subprocess.DEVNULL)
     done.set()
     sampler.join()

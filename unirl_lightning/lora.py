@@ -63,10 +63,9 @@ def apply_lora(model: torch.nn.Module, lora: LoraSpec, default_targets: Iterable
 
     targets = list(lora.target_modules or default_targets)
     config = LoraConfig(r=lora.rank, lora_alpha=lora.alpha, target_modules=targets, lora_dropout=0.0)
+    seed = lora.resolved().init_seed  # lora_A is random: trainer and workers draw the same one
     with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(
-            lora.resolved().init_seed
-        )  # lora_A is random: trainer and workers draw the same one
+        torch.manual_seed(seed)
         return get_peft_model(model, config)
 
 

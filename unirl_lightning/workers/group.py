@@ -198,16 +198,16 @@ class RolloutWorkerGroup:
         """Close every engine (best effort, a few seconds), kill the actors, remove their placement
         groups."""
         workers = getattr(self, "workers", [])
-        if workers and ray.is_initialized():
+        if workers and ray.is_initialized():  # without Ray (shut down already) a call would start a fresh one
             try:
                 ray.get([w.close.remote() for w in workers], timeout=10)
             except Exception:  # noqa: BLE001 - a dead or stuck worker is killed below
                 pass
-        for worker in workers if ray.is_initialized() else []:  # ray.kill would start a fresh Ray
-            try:
-                ray.kill(worker)
-            except Exception:  # noqa: BLE001 - best effort at teardown
-                pass
+            for worker in workers:
+                try:
+                    ray.kill(worker)
+                except Exception:  # noqa: BLE001 - best effort at teardown
+                    pass
         self.workers = []
         if getattr(self, "_placement", None) is not None:
             self._placement.remove()
