@@ -40,7 +40,7 @@ PROMPTS = ["1+2=", "3*4=", "7=", "12-5=", "9*9=", "4+4=", "0=", "8-3="]
 
 def requests(args, count: int, first_seed: int):
     from unirl_lightning.data import make_task
-    from unirl_lightning.rollout.types import RolloutRequest, SamplingParams
+    from unirl_lightning.rollout.records import RolloutRequest, SamplingParams
 
     if args.model == "smollm2":
         records = make_task("word_problems", args.prompts, seed=0, difficulty="easy")

@@ -84,7 +84,7 @@ def main() -> None:
     from unirl_lightning.data.tasks import make_task
     from unirl_lightning.engines.hf import HFEngine, HFEngineConfig, StepScorer
     from unirl_lightning.models import PretrainedCausalLM
-    from unirl_lightning.rollout.types import RolloutRequest, SamplingParams
+    from unirl_lightning.rollout.records import RolloutRequest, SamplingParams
     from unirl_lightning.workers.actor import RolloutWorker
 
     torch.set_num_threads(args.threads)

@@ -136,7 +136,8 @@ def smoke_module(sizes: dict[str, int], **overrides: Any):
 def random_batch(sizes: dict[str, int], pad_token_id: int, seed: int = 0):
     import torch
 
-    from unirl_lightning.rollout.types import ExperienceBatch, Rollout
+    from unirl_lightning.rollout.batches import ExperienceBatch
+    from unirl_lightning.rollout.records import Rollout
 
     g = torch.Generator().manual_seed(seed)
     rows = [
@@ -292,7 +293,8 @@ def check_hf_generate(record: dict, smoke: Smoke):
     import torch
 
     from unirl_lightning.engines.hf import HFEngine, HFEngineConfig
-    from unirl_lightning.rollout.types import SamplingParams, derive_seed
+    from unirl_lightning.rollout.records import SamplingParams
+    from unirl_lightning.seeding import derive_seed
 
     sizes = smoke.sizes
     engine = HFEngine(HFEngineConfig(device=smoke.device.type, num_threads=None), spec(sizes), None)
@@ -376,7 +378,8 @@ def check_weight_push(record: dict, smoke: Smoke, module, engine) -> None:
 def check_on_policy_pin(record: dict, smoke: Smoke, module, engine, prompts, sampling) -> None:
     import torch
 
-    from unirl_lightning.rollout.types import ExperienceBatch, Rollout
+    from unirl_lightning.rollout.batches import ExperienceBatch
+    from unirl_lightning.rollout.records import Rollout
 
     samples = engine.generate_ids(prompts, sampling, seed=7)
     rows = [

@@ -124,7 +124,7 @@ def child(config: dict) -> None:
     vocab, batch, impl = config["vocab"], config["batch"], config["impl"]
     if config["kind"] == "logprobs":
         from unirl_lightning.algorithms import token_logprobs
-        from unirl_lightning.modules.base import upcast_trainable_parameters
+        from unirl_lightning.modules.optim import upcast_trainable_parameters
 
         model, _ = policy(vocab, "bfloat16").build()
         upcast_trainable_parameters(model)  # the trainer's float32 masters, bf16 compute below
@@ -143,7 +143,7 @@ def child(config: dict) -> None:
         positions = batch * LOGPROB_LENGTH
     else:
         from unirl_lightning.engines.hf import HFEngine, HFEngineConfig
-        from unirl_lightning.rollout.types import SamplingParams
+        from unirl_lightning.rollout.records import SamplingParams
 
         engine = HFEngine(HFEngineConfig(device="cpu", num_threads=2), policy(vocab, "float32"), None)
         prompts = [torch.randint(3, 24, (8,)).tolist() for _ in range(batch)]

@@ -37,7 +37,8 @@ def child(config: dict) -> None:
 
     from unirl_lightning.models import PretrainedCausalLM
     from unirl_lightning.modules import GRPOModule
-    from unirl_lightning.rollout.types import ExperienceBatch, Rollout
+    from unirl_lightning.rollout.batches import ExperienceBatch
+    from unirl_lightning.rollout.records import Rollout
 
     torch.set_num_threads(2)
     module = GRPOModule(

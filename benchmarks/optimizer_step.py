@@ -11,7 +11,7 @@ interleaved (one step of each in turn, after one warm-up step each, which alloca
   parameters, about ten tensor ops each; on CUDA the ``foreach`` kernels);
 * ``foreach``: ``foreach=True``;
 * ``fused``: ``fused=True`` (one kernel per parameter: param, grad and both moments in one pass),
-  what :func:`unirl_lightning.modules.base.adamw` picks where every parameter allows it, and what
+  what :func:`unirl_lightning.modules.optim.adamw` picks where every parameter allows it, and what
   HF ``Trainer`` (so TRL) uses by default.
 
 The three end at the same weights (the maximum absolute difference after the steps is reported).

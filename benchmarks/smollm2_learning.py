@@ -121,7 +121,7 @@ def child_trl(cfg: dict[str, Any]) -> dict[str, Any]:
 
     from unirl_lightning.cli import UniRLCLI
     from unirl_lightning.prompts import render_prompt_text
-    from unirl_lightning.rewards.base import score_parts
+    from unirl_lightning.rewards.scoring import score_parts
 
     with tempfile.TemporaryDirectory(prefix="smollm2-trl-") as out:
         os.chdir(out)  # the parsed recipe's logger and checkpoint folders land here, unused

@@ -215,9 +215,9 @@ def instrument(timers: Timers) -> None:
     import unirl_lightning.modules.base as base_mod
     import unirl_lightning.modules.causal_lm as causal_mod
     import unirl_lightning.weight_sync.object_store as store_mod
+    from unirl_lightning.rollout.batches import ExperienceBatch
     from unirl_lightning.rollout.controller import BatchRolloutController
     from unirl_lightning.rollout.loop import RolloutLoop
-    from unirl_lightning.rollout.types import ExperienceBatch
     from unirl_lightning.strategy import AsyncRolloutStrategy
     from unirl_lightning.workers import RolloutWorkerGroup
 
@@ -399,7 +399,7 @@ def child(cfg: dict[str, Any]) -> None:
     wl = WORKLOADS[cfg["workload"]]
     captured: dict[str, Any] = {}
     if cfg["profile"] == "torch":  # keep the last collated groups for the collate counterfactual
-        from unirl_lightning.rollout.types import ExperienceBatch
+        from unirl_lightning.rollout.batches import ExperienceBatch
 
         collate = ExperienceBatch.__dict__["collate"].__func__
 
@@ -716,7 +716,7 @@ def collate_counterfactual(groups: list[list[Any]], pad_token_id: int, reps: int
     check that both give the same tensors."""
     import torch
 
-    from unirl_lightning.rollout.types import ExperienceBatch
+    from unirl_lightning.rollout.batches import ExperienceBatch
 
     collate = ExperienceBatch.__dict__["collate"].__func__
     while hasattr(collate, "__wrapped__"):

@@ -5,7 +5,7 @@
 Task ``add_mod10``: prompts ``a+b=`` for digits ``a, b``; reward 1 when the completion's first
 character is ``(a + b) % 10``. The 100 pairs are split 80/20 with a seeded shuffle (``--split-seed``)
 and written to jsonl files: the 80 train, the 20 are held out and never trained on. (The library's
-own held-out split, ``make_task(..., split=...)``, holds out 10% of a task's prompts by a hash of
+own held-out split, ``make_task(..., partition=...)``, holds out 10% of a task's prompts by a hash of
 the prompt, 10 of the 100 pairs: ``--split library`` uses it instead.) Both sides read the same
 files. Model: a
 random-init Llama (hidden 128, 2 layers, MLP 256, the library's character tokenizer), built per seed
@@ -72,13 +72,13 @@ def split_add_mod10(seed: int) -> tuple[list[dict], list[dict]]:
 
 
 def split_library(seed: int) -> tuple[list[dict], list[dict]]:
-    """The library's own split (``make_task(..., split=...)``: a hash of the prompt holds out 10% of
+    """The library's own split (``make_task(..., partition=...)``: a hash of the prompt holds out 10% of
     the prompt space, 10 of the 100 pairs), as distinct records in a seeded order."""
     from unirl_lightning.data.tasks import make_task
 
     def distinct(split: str) -> list[dict]:
         seen: dict[str, dict] = {}
-        for record in make_task("add_mod10", 2000, seed, split=split):
+        for record in make_task("add_mod10", 2000, seed, partition=split):
             seen.setdefault(record["prompt"], record)
         return list(seen.values())
 
@@ -465,7 +465,7 @@ def main() -> None:
         choices=["seeded", "library"],
         default="seeded",
         help="seeded: the issue's 80/20 seeded shuffle of the 100 pairs; library: the library's "
-        "held-out split (make_task(split=...), 90/10 by a hash of the prompt)",
+        "held-out split (make_task(partition=...), 90/10 by a hash of the prompt)",
     )
     parser.add_argument("--split-seed", type=int, default=0)
     parser.add_argument("--out", default=str(RESULTS_PATH))

@@ -59,10 +59,10 @@ _EXPORTS = {
     "FormatReward": "unirl_lightning.rewards",
     "CombinedReward": "unirl_lightning.rewards",
     # the records a custom module trains on
-    "ExperienceBatch": "unirl_lightning.rollout.types",
-    "DiffusionBatch": "unirl_lightning.rollout.types",
-    "SamplingParams": "unirl_lightning.rollout.types",
-    "DiffusionSampling": "unirl_lightning.rollout.types",
+    "ExperienceBatch": "unirl_lightning.rollout.batches",
+    "DiffusionBatch": "unirl_lightning.rollout.batches",
+    "SamplingParams": "unirl_lightning.rollout.records",
+    "DiffusionSampling": "unirl_lightning.rollout.records",
 }
 
 __all__ = sorted(_EXPORTS)

@@ -54,8 +54,8 @@ from lightning.pytorch.callbacks import ModelCheckpoint, ProgressBar  # noqa: E4
 from lightning.pytorch.cli import LightningCLI  # noqa: E402
 from lightning.pytorch.utilities.exceptions import SIGTERMException  # noqa: E402
 
+from unirl_lightning.imports import import_callable  # noqa: E402
 from unirl_lightning.modules.base import RLModule  # noqa: E402
-from unirl_lightning.rewards import import_callable  # noqa: E402
 
 
 def _strategy_settings(trainer: Any) -> dict[str, Any] | None:
@@ -104,7 +104,7 @@ def check_reward_paths(config: Any) -> None:
         if not (is_path and isinstance(value, str)):
             continue
         try:
-            target = import_callable(value)
+            target = import_callable(value, key)
         except (ImportError, ValueError, TypeError) as exc:
             raise ValueError(f"{key}: cannot import {value!r}: {exc}") from None
         if isinstance(target, type):

@@ -16,6 +16,8 @@ from dataclasses import dataclass, replace
 
 import torch
 
+from unirl_lightning.seeding import global_seed
+
 # attention and MLP projections of Llama/Qwen-style decoders
 LLM_LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
@@ -46,8 +48,6 @@ class LoraSpec:
     def resolved(self) -> LoraSpec:
         """This spec with a concrete ``init_seed`` (the global seed where it is None), so that the
         engines, built in other processes from the spec, draw the trainer's adapters."""
-        from unirl_lightning.rollout.types import global_seed
-
         return self if self.init_seed is not None else replace(self, init_seed=global_seed())
 
     def __post_init__(self) -> None:
@@ -108,3 +108,14 @@ def load_named_weights(
             if name not in params:
                 raise KeyError(f"weight {name!r} is not a parameter of the engine's model")
             params[name].copy_(tensor.to(params[name].device, params[name].dtype))
+
+
+def is_lora_push(items: list[tuple[str, torch.Tensor]]) -> bool:
+    """True for an adapter-only push, False for full weights; a mix of both is an error."""
+    lora = sum(1 for name, _ in items if ".lora_A." in name or ".lora_B." in name)
+    if lora and lora != len(items):
+        raise ValueError(
+            f"a weight push is either full weights or LoRA adapter tensors only; got {lora} adapter and "
+            f"{len(items) - lora} other tensors"
+        )
+    return bool(lora)

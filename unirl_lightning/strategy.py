@@ -125,6 +125,7 @@ class RolloutStrategyMixin:
         self.runtime: RolloutRuntime | None = None
         self._pending_state: dict[str, Any] | None = None  # a checkpoint's, loaded before setup
         self.last_sync: dict[str, float] = {}
+        self.pushed_step = 0  # the RL step whose update the workers hold (0: the weights fit started with)
         self.failed = False  # set by on_exception: teardown then enters no collective
         self.checkpoint_io = AtomicCheckpointIO()  # how single-file checkpoints are written
 
@@ -193,7 +194,28 @@ class RolloutStrategyMixin:
         stats = self.runtime.sync_weights(self.lightning_module.policy, self.optimizers)
         self.barrier("weight sync")  # every rank has pushed and advanced to the same version
         self.last_sync = stats
+        self.pushed_step = self.rl_steps
         return self.last_sync
+
+    def sync_for_step(self) -> dict[str, float] | None:
+        """The push due at this RL step (every ``sync_interval`` steps), done once whoever asks first:
+        the weight-sync callback, or an evaluation that must score this step's update, in whatever
+        order the callbacks run. Returns the push's stats (the same on a second call at this step),
+        or None when no push is due. Every rank calls it at the same point (the push is collective)."""
+        step = self.rl_steps
+        if not self.sync_interval or step % self.sync_interval:
+            return None
+        if self.pushed_step != step:
+            self.sync_weights()
+        return self.last_sync
+
+    def sync_trained_weights(self) -> dict[str, float] | None:
+        """Push unless the workers already hold the last RL step's update (the end-of-training
+        evaluation scores the final weights); None when they do. Collective, like every push."""
+        step = self.rl_steps
+        if step == 0 or self.pushed_step == step:
+            return None
+        return self.sync_weights()
 
     def evaluate(
         self, records: list[dict[str, Any]], sampling: Any, n: int = 1, seed: int = 0

@@ -17,7 +17,7 @@ import torch
 from unirl_lightning.engines.sglang import SGLangEngineConfig
 from unirl_lightning.lora import LoraSpec
 from unirl_lightning.models import TinyCausalLM
-from unirl_lightning.rollout.types import RolloutRequest, SamplingParams
+from unirl_lightning.rollout.records import RolloutRequest, SamplingParams
 
 PROMPTS = ["1+2=", "3*4=", "7=", "12-5="]
 # fp32 on the GPU: SGLang's kernels and the HF recompute may differ by TF32-level rounding

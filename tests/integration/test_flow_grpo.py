@@ -30,7 +30,7 @@ from unirl_lightning.models_diffusion import TinyFlowModel
 from unirl_lightning.modules import FlowGRPOModule
 from unirl_lightning.rollout.controller import BatchRolloutController
 from unirl_lightning.rollout.loop import RolloutLoop
-from unirl_lightning.rollout.types import RolloutRequest
+from unirl_lightning.rollout.records import RolloutRequest
 from unirl_lightning.strategy import AsyncRolloutStrategy
 from unirl_lightning.tb import read_scalars
 from unirl_lightning.weight_sync import CollectiveWeightSync, ObjectStoreWeightSync, named_weights

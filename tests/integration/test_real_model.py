@@ -15,7 +15,7 @@ from unirl_lightning.models import PretrainedCausalLM
 from unirl_lightning.modules import GRPOModule
 from unirl_lightning.prompts import render_prompt
 from unirl_lightning.rewards import CombinedReward, FormatReward, MathVerifyReward
-from unirl_lightning.rollout.types import SamplingParams
+from unirl_lightning.rollout.records import SamplingParams
 from unirl_lightning.strategy import AsyncRolloutStrategy
 
 pytestmark = [pytest.mark.slow, needs_smollm2, pytest.mark.usefixtures("ray_local")]

@@ -24,6 +24,17 @@ class PromptRecorder(StepRecorder):
         self.steps[-1]["prompts"] = prompts
 
 
+def unique_prompts() -> PromptDataModule:
+    """Unique prompts: 6 random digits in front of the digit to answer, in order."""
+    return PromptDataModule(
+        train="digit_successor",
+        batch_size=4,
+        num_train_prompts=400,
+        task_kwargs={"prefix_len": 6},
+        shuffle=False,
+    )
+
+
 def run(tmp_path, max_steps, ckpt_path=None):
     seed_everything(0)
     recorder = PromptRecorder()
@@ -41,15 +52,7 @@ def run(tmp_path, max_steps, ckpt_path=None):
         enable_model_summary=False,
         limit_val_batches=0,
     )
-    # unique prompts: 6 random digits in front of the digit to answer
-    data = PromptDataModule(
-        train="digit_successor",
-        batch_size=4,
-        num_train_prompts=400,
-        task_kwargs={"prefix_len": 6},
-        shuffle=False,
-    )
-    trainer.fit(tiny_module(), datamodule=data, ckpt_path=ckpt_path)
+    trainer.fit(tiny_module(), datamodule=unique_prompts(), ckpt_path=ckpt_path)
     loop = strategy.runtime.loop
     leftover = {r["prompt"] for records in loop.untrained.values() for r in records}
     strategy.shutdown()

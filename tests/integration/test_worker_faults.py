@@ -35,6 +35,30 @@ class SignalWorker(Callback):
             os.kill(self.pid, self.signum)
 
 
+class EngineDeadError(RuntimeError):
+    """Raised as vLLM's is when its engine core died (matched by name, so vLLM need not be installed)."""
+
+
+def kill_engine(worker):
+    def dead(*args, **kwargs):
+        raise EngineDeadError("EngineCore encountered an issue")
+
+    worker.engine.generate = dead
+
+
+class KillEngine(Callback):
+    """Makes rollout worker 0's engine raise ``EngineDeadError`` from RL step ``at_step`` on."""
+
+    def __init__(self, at_step: int) -> None:
+        self.at_step = at_step
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+        if batch_idx == self.at_step:
+            import ray
+
+            ray.get(trainer.strategy.runtime.workers.workers[0].run.remote(kill_engine))
+
+
 def assert_nothing_lost(trainer, recorder):
     loop = trainer.strategy.runtime.loop
     trained = [g for s in recorder.steps for g in s["gen_ids"]]
@@ -55,6 +79,18 @@ def test_a_killed_worker_is_replaced_and_the_run_finishes_with_nothing_lost(tmp_
         assert max(staleness) <= 1
         restarts = [v for _, v in read_scalars(trainer.logger.log_dir)["rollout/worker_restarts"]]
         assert restarts[0] == 0 and restarts[-1] == 1
+    finally:
+        strategy.shutdown()
+
+
+def test_a_worker_whose_engine_died_is_replaced_and_the_run_finishes_with_nothing_lost(tmp_path):
+    strategy = AsyncRolloutStrategy(max_staleness=1, max_inflight=2, num_workers=1)
+    try:
+        trainer, _, recorder = fit_tiny(
+            tmp_path, max_steps=5, strategy=strategy, extra_callbacks=[KillEngine(2)]
+        )
+        assert len(recorder.steps) == 5 and strategy.runtime.workers.restarts == 1
+        assert_nothing_lost(trainer, recorder)
     finally:
         strategy.shutdown()
 

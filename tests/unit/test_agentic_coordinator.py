@@ -20,7 +20,7 @@ from unirl_lightning.envs.coordinator import (
     turn_seed,
 )
 from unirl_lightning.models import build_char_tokenizer
-from unirl_lightning.rollout.types import SamplingParams
+from unirl_lightning.rollout.records import SamplingParams
 
 TOKENIZER = build_char_tokenizer()
 FIVE, EOS, COMMA = TOKENIZER.convert_tokens_to_ids(["5", "<eos>", ","])
@@ -354,7 +354,7 @@ def test_episode_settings_refuse_bad_values(settings, message):
 
 def test_turn_seeds_are_distinct_over_many_episodes_and_turns():
     seeds = {turn_seed(episode, turn) for episode in range(2000) for turn in range(20)}
-    assert len(seeds) == 2000 * 20 and all(0 <= seed < 2**62 for seed in seeds)
+    assert len(seeds) == 2000 * 20 and all(0 <= seed < 2**63 for seed in seeds)
     assert turn_seed(7, 3) == turn_seed(7, 3) != turn_seed(3, 7)
     assert call_seed([5]) == 5 and call_seed([5, 6]) != call_seed([6, 5])
 

@@ -11,7 +11,7 @@ import pytest
 
 from unirl_lightning.rollout.agentic import AgenticRolloutController, root_of
 from unirl_lightning.rollout.agentic_loop import AgenticRolloutLoop
-from unirl_lightning.rollout.types import AgenticRollout
+from unirl_lightning.rollout.records import AgenticRollout
 
 
 class ScriptedCoordinator:

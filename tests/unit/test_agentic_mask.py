@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from tests.builders import tiny_module
-from unirl_lightning.rollout.types import AgenticRollout, ExperienceBatch, Rollout
+from unirl_lightning.rollout.batches import ExperienceBatch
+from unirl_lightning.rollout.records import AgenticRollout, Rollout
 
 PROMPT = [18]  # "?"
 # model turn (2 tokens), observation (1), model turn (2), observation (1), model turn (1)

@@ -98,3 +98,109 @@ def test_the_generic_worker_knows_no_episodes():
     assert not [name for name in generic if "agentic" in name or "episode" in name]
     assert {"agentic_submit", "agentic_abort", "agentic_evaluate"} <= set(dir(AgenticRolloutWorker))
     assert "episodes" not in import_graph()["unirl_lightning.workers.actor"]
+
+
+# The package's floors, lowest first, as ARCHITECTURE.md's layout describes them. A module's floor is
+# that of the longest entry that prefixes its name; it may import its own floor and the ones below.
+LAYERS: list[tuple[str, ...]] = [
+    # 1: standard-library helpers every room may use
+    (
+        "seeding",
+        "imports",
+        "checks",
+        "cli_types",
+        "timeline",
+        "tb",
+        "prompts",
+        "sharding",
+        "checkpoint_io",
+        "ray_watchdog",
+    ),
+    # 2: pure tensor functions
+    ("algorithms",),
+    # 3: the rollout records, the stdlib controller and loop, and the torch batches beside them
+    (
+        "rollout",
+        "rollout.records",
+        "rollout.batches",
+        "rollout.controller",
+        "rollout.agentic",
+        "rollout.loop",
+    ),
+    # 4: rewards and the built-in tasks
+    ("rewards", "data.tasks"),
+    # 5: environments (the agentic coordinator) and the data modules
+    ("envs", "data"),
+    # 6: the agentic loop (episodes through the coordinator)
+    ("rollout.agentic_loop",),
+    # 7: models, adapters and export
+    ("models", "models_diffusion", "lora", "export"),
+    # 8: moving weights
+    ("weight_sync",),
+    # 9: serving engines (they load what weight_sync moves)
+    ("engines",),
+    # 10: Ray workers
+    ("workers",),
+    # 11: the rollout runtimes
+    ("runtime",),
+    # 12: the strategy
+    ("strategy",),
+    # 13: callbacks
+    ("callbacks",),
+    # 14: LightningModules
+    ("modules",),
+    # 15: entry points (the package's lazy names included)
+    ("cli", "demo", ""),
+]
+
+
+def layer_of(module: str) -> int:
+    name = module.removeprefix("unirl_lightning").removeprefix(".")
+    best, depth = None, -1
+    for floor, entries in enumerate(LAYERS, start=1):
+        for entry in entries:
+            if (name == entry or (entry and name.startswith(entry + "."))) and len(entry) > depth:
+                best, depth = floor, len(entry)
+    assert best is not None, f"{module} has no floor in LAYERS"
+    return best
+
+
+def upward_imports(graph: dict[str, set[str]]) -> list[str]:
+    return sorted(
+        f"{m} (floor {layer_of(m)}) -> {d} (floor {layer_of(d)})"
+        for m, deps in graph.items()
+        for d in deps
+        if layer_of(d) > layer_of(m)
+    )
+
+
+def test_no_import_goes_to_a_higher_floor():
+    graph = import_graph()
+    assert all(layer_of(m) for m in graph)  # every module has a floor
+    assert upward_imports(graph) == []
+
+
+def test_the_floor_check_flags_the_edges_it_exists_for():
+    """The two edges the records split and the adapter-naming move removed: a weight-sync backend
+    importing a serving engine, and the environments importing a rollout module above them."""
+    graph = {
+        "unirl_lightning.weight_sync.object_store": {"unirl_lightning.engines.serving"},
+        "unirl_lightning.envs.coordinator": {"unirl_lightning.rollout.agentic_loop"},
+        "unirl_lightning.engines.vllm": {"unirl_lightning.weight_sync.collective"},
+    }
+    assert upward_imports(graph) == [
+        "unirl_lightning.envs.coordinator (floor 5) -> unirl_lightning.rollout.agentic_loop (floor 6)",
+        "unirl_lightning.weight_sync.object_store (floor 8) -> unirl_lightning.engines.serving (floor 9)",
+    ]
+
+
+def test_the_records_and_the_coordinator_import_without_torch():
+    import subprocess
+    import sys
+
+    code = (
+        "import sys\n"
+        "import unirl_lightning.rollout.records, unirl_lightning.envs.coordinator, unirl_lightning.seeding\n"
+        "assert 'torch' not in sys.modules, sorted(m for m in sys.modules if m.startswith('torch'))[:3]\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)

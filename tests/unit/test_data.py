@@ -101,9 +101,9 @@ def test_unknown_or_invalid_task_kwargs_are_rejected_with_allowed_values():
     with pytest.raises(ValueError, match=r"num_prompts=-1 is invalid"):
         make_task("copy_first", num_prompts=-1, seed=0)
     with pytest.raises(
-        ValueError, match=r"split='test' is invalid for task 'add_mod10'; expected None, 'train'"
+        ValueError, match=r"partition='test' is invalid for task 'add_mod10'; expected None, 'train'"
     ):
-        make_task("add_mod10", num_prompts=1, seed=0, split="test")
+        make_task("add_mod10", num_prompts=1, seed=0, partition="test")
 
 
 # ---------------------------------------------------------------- word problems
@@ -215,23 +215,23 @@ def test_train_and_held_out_splits_never_share_a_prompt_for_any_seeds_and_sizes(
     task, train_seed, held_out_seed, num_train, num_held_out
 ):
     name, kwargs = task
-    train = make_task(name, num_train, train_seed, split="train", **kwargs)
-    held_out = make_task(name, num_held_out, held_out_seed, split="held_out", **kwargs)
+    train = make_task(name, num_train, train_seed, partition="train", **kwargs)
+    held_out = make_task(name, num_held_out, held_out_seed, partition="held_out", **kwargs)
     assert len(train) == num_train and len(held_out) == num_held_out
     assert not {record["prompt"] for record in train} & {record["prompt"] for record in held_out}
     assert not any(is_held_out(record["prompt"]) for record in train)
     assert all(is_held_out(record["prompt"]) for record in held_out)
-    assert held_out == make_task(name, num_held_out, held_out_seed, split="held_out", **kwargs)
+    assert held_out == make_task(name, num_held_out, held_out_seed, partition="held_out", **kwargs)
 
 
 def test_a_split_keeps_the_task_draws_in_order_minus_the_other_side():
     draws = make_task("word_problems", num_prompts=500, seed=3)
     assert (
-        make_task("word_problems", 40, seed=3, split="train")
+        make_task("word_problems", 40, seed=3, partition="train")
         == [record for record in draws if not is_held_out(record["prompt"])][:40]
     )
     assert (
-        make_task("word_problems", 20, seed=3, split="held_out")
+        make_task("word_problems", 20, seed=3, partition="held_out")
         == [record for record in draws if is_held_out(record["prompt"])][:20]
     )
 
@@ -241,13 +241,13 @@ def test_a_split_side_with_no_prompt_names_the_task_and_the_ways_out(monkeypatch
         return [{"prompt": "7=", "answer": "8", "task": "only_seven"}] * num_prompts
 
     monkeypatch.setitem(BUILTIN_TASKS, "only_seven", only_seven)
-    assert make_task("only_seven", 2, seed=0, split="train") == only_seven(2, 0)
+    assert make_task("only_seven", 2, seed=0, partition="train") == only_seven(2, 0)
     with pytest.raises(
         ValueError,
         match=r"Task 'only_seven' \(kwargs \{\}\) gave 0 of the 3 'held_out' prompts.*"
         r"too small to split.*held_out='resample'",
     ):
-        make_task("only_seven", 3, seed=0, split="held_out")
+        make_task("only_seven", 3, seed=0, partition="held_out")
 
 
 # ---------------------------------------------------------------- files
@@ -418,7 +418,7 @@ def test_disjoint_held_out_records_are_never_training_records(train, task_kwargs
     assert not train_prompts & val_prompts
     assert all(map(is_held_out, val_prompts)) and not any(map(is_held_out, train_prompts))
     kwargs = task_kwargs or {}
-    assert data.val_records() == make_task(train, 40, VAL_SEED_OFFSET, split="held_out", **kwargs)
+    assert data.val_records() == make_task(train, 40, VAL_SEED_OFFSET, partition="held_out", **kwargs)
 
 
 def test_disjoint_digit_successor_without_prefix_holds_out_one_of_its_ten_prompts():

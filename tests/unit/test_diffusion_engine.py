@@ -17,7 +17,8 @@ from unirl_lightning.models_diffusion import TinyFlowModel, guided_velocity
 from unirl_lightning.modules import FlowGRPOModule
 from unirl_lightning.rewards import RewardError
 from unirl_lightning.rewards.image import CallableImageReward, TargetColorReward
-from unirl_lightning.rollout.types import DiffusionBatch, DiffusionSampling, RolloutRequest
+from unirl_lightning.rollout.batches import DiffusionBatch
+from unirl_lightning.rollout.records import DiffusionSampling, RolloutRequest
 from unirl_lightning.workers.actor import RolloutWorker
 
 RANDOM_TINY = TinyFlowModel(pretrain_steps=0)  # random init: these tests pin mechanics, not image quality

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from tests.fakes import FakeGenerationHandle
 from tests.unit.test_loop import batches, make_loop
 from unirl_lightning.rollout.loop import zero_variance
-from unirl_lightning.rollout.types import Rollout
+from unirl_lightning.rollout.records import Rollout
 
 
 def rollout(prompt, reward):

@@ -8,9 +8,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tests.fakes import FakeGenerationHandle
+from unirl_lightning.rollout.batches import ExperienceBatch
 from unirl_lightning.rollout.controller import BatchRolloutController
 from unirl_lightning.rollout.loop import DeferredBatch, RolloutLoop
-from unirl_lightning.rollout.types import ExperienceBatch, Rollout, RolloutRequest, SamplingParams
+from unirl_lightning.rollout.records import Rollout, RolloutRequest, SamplingParams
 
 
 def fake_generate(request):

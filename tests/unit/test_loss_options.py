@@ -24,7 +24,8 @@ from unirl_lightning.cli import run_cli
 from unirl_lightning.modules import PPOModule
 from unirl_lightning.modules.agentic_grpo import AgenticGRPOModule
 from unirl_lightning.modules.causal_lm import CausalLMModule
-from unirl_lightning.rollout.types import ExperienceBatch, Rollout
+from unirl_lightning.rollout.batches import ExperienceBatch
+from unirl_lightning.rollout.records import Rollout
 
 PROMPT = [18]
 EOS = 2  # TinyCausalLM's eos, its only stop token

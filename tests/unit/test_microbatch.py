@@ -29,9 +29,10 @@ import torch.multiprocessing as mp
 
 from tests.builders import tiny_module
 from unirl_lightning.modules import FlowGRPOModule, GRPOModule, PPOModule
-from unirl_lightning.modules.base import global_token_count, pack_rows_by_tokens, split_to_count
-from unirl_lightning.modules.causal_lm import row_widths
-from unirl_lightning.rollout.types import ExperienceBatch, Rollout
+from unirl_lightning.modules.microbatch import global_token_count, pack_rows_by_tokens, split_to_count
+from unirl_lightning.modules.tokens import row_widths
+from unirl_lightning.rollout.batches import ExperienceBatch
+from unirl_lightning.rollout.records import Rollout
 
 AGGREGATIONS = ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"]
 TOLERANCE = {"rtol": 1e-5, "atol": 1e-6}
@@ -183,7 +184,8 @@ def test_ppo_micro_batches_give_the_mini_batch_loss_gradients_and_metrics_critic
 def flow_batch():
     from unirl_lightning.engines.diffusion import DiffusionEngineConfig
     from unirl_lightning.models_diffusion import TinyFlowModel
-    from unirl_lightning.rollout.types import DiffusionBatch, DiffusionSampling, RolloutRequest
+    from unirl_lightning.rollout.batches import DiffusionBatch
+    from unirl_lightning.rollout.records import DiffusionSampling, RolloutRequest
 
     engine = DiffusionEngineConfig(device="cpu").build(TinyFlowModel(pretrain_steps=0))
     request = RolloutRequest(

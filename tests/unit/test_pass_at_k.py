@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from types import SimpleNamespace
 
 import pytest
@@ -63,3 +64,15 @@ def test_callback_logs_pass_at_1_and_n_and_checks_pass_k():
     assert RolloutEvalCallback(num_generations=8, pass_k=[2, 4]).pass_k == [1, 2, 4, 8]
     with pytest.raises(ValueError, match="pass_k"):
         RolloutEvalCallback(num_generations=4, pass_k=[5])
+
+
+def test_eval_prompts_from_a_file_with_other_column_names_use_prompt_key_and_the_answer_key(tmp_path):
+    path = tmp_path / "held_out.jsonl"
+    path.write_text(
+        "".join(json.dumps({"question": f"{i}+1=", "solution": str(i + 1)}) + "\n" for i in range(3))
+    )
+    callback = RolloutEvalCallback(
+        num_prompts=2, prompts=str(path), prompt_key="question", answer_key="solution"
+    )
+    records = callback._held_out(SimpleNamespace(datamodule=None))
+    assert [(r["prompt"], r["answer"]) for r in records] == [("0+1=", "1"), ("1+1=", "2")]

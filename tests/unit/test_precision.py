@@ -12,8 +12,9 @@ from unirl_lightning.engines.hf import HFEngine, HFEngineConfig
 from unirl_lightning.lora import LoraSpec
 from unirl_lightning.models import TinyCausalLM
 from unirl_lightning.modules import PPOModule
-from unirl_lightning.modules.base import upcast_trainable_parameters
-from unirl_lightning.rollout.types import ExperienceBatch, Rollout
+from unirl_lightning.modules.optim import upcast_trainable_parameters
+from unirl_lightning.rollout.batches import ExperienceBatch
+from unirl_lightning.rollout.records import Rollout
 from unirl_lightning.sharding import mixed_precision_policy
 from unirl_lightning.weight_sync.base import named_weights, serving_dtype, tensor_bytes
 from unirl_lightning.weight_sync.buckets import PackedWeights, cast_floating
@@ -197,7 +198,7 @@ def test_the_optimizer_is_torchs_fused_adamw_and_steps_as_the_default_one_does()
 
 
 def test_parameters_the_fused_kernel_cannot_take_get_torchs_default_adamw():
-    from unirl_lightning.modules.base import adamw
+    from unirl_lightning.modules.optim import adamw
 
     meta = [torch.nn.Parameter(torch.zeros(2, device="meta"))]
     assert not adamw(meta, lr=0.1).param_groups[0]["fused"]

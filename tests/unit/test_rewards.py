@@ -143,11 +143,15 @@ def test_callable_reward_pickles_as_its_path_after_use(length_module):
 
 
 def test_callable_reward_bad_paths_raise_naming_the_path(length_module):
-    with pytest.raises(ImportError, match=r"'no_such_module_xyz:f' could not be imported"):
+    with pytest.raises(
+        ImportError, match=r"reward='no_such_module_xyz:f': no module named 'no_such_module_xyz'"
+    ):
         CallableReward("no_such_module_xyz:f")(["a"], [{}])
     with pytest.raises(ImportError, match=rf"module '{length_module}' has no attribute 'missing'"):
         CallableReward(f"{length_module}:missing")(["a"], [{}])
-    with pytest.raises(ValueError, match=r"'nodots' is invalid; expected 'package.module:function'"):
+    with pytest.raises(
+        ValueError, match=r"reward='nodots' is not a function path; expected 'package.module:function'"
+    ):
         CallableReward("nodots")(["a"], [{}])
     with pytest.raises(TypeError, match=r"fn must be a callable or an import path string, got 3"):
         CallableReward(3)

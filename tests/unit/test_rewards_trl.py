@@ -21,7 +21,7 @@ from unirl_lightning.rewards import (
     score_parts,
 )
 from unirl_lightning.rollout.loop import reward_part_means
-from unirl_lightning.rollout.types import Rollout
+from unirl_lightning.rollout.records import Rollout
 
 MOD = "tests.unit.trl_reward_functions"
 RECORDS = [

@@ -14,6 +14,7 @@ from unirl_lightning.checkpoint_io import AtomicCheckpointIO
 from unirl_lightning.runtime import cpu_threads, runtime_for
 from unirl_lightning.runtime.agentic import AgenticRuntime
 from unirl_lightning.runtime.batch import SCHEDULING, BatchRuntime
+from unirl_lightning.seeding import derive_seed
 
 settings = rollout_settings
 
@@ -41,9 +42,9 @@ def test_only_llm_families_are_shardable():
         BatchRuntime.check_shardable(SimpleNamespace(family="diffusion"), "FlowGRPOModule")
 
 
-def test_ranks_seed_from_streams_a_million_apart():
+def test_ranks_seed_their_episodes_from_a_hash_of_the_seed_and_the_rank():
     assert settings(seed=5, rank=0).rank_seed == 5
-    assert settings(seed=5, rank=2).rank_seed == 5 + 2 * 1_000_003
+    assert settings(seed=5, rank=2).rank_seed == derive_seed(5, 2) != settings(seed=5, rank=1).rank_seed
 
 
 @pytest.mark.parametrize(

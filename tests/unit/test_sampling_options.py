@@ -11,7 +11,7 @@ from unirl_lightning.engines.sglang import SGLangEngineConfig, sglang_sampling_p
 from unirl_lightning.engines.vllm import VLLMEngineConfig, vllm_sampling_kwargs
 from unirl_lightning.models import TinyCausalLM
 from unirl_lightning.modules import GRPOModule
-from unirl_lightning.rollout.types import SamplingParams
+from unirl_lightning.rollout.records import SamplingParams
 
 POLICY = TinyCausalLM(hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64)
 OPTIONS = SamplingParams(

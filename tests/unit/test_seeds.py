@@ -12,16 +12,10 @@ import pytest
 from unirl_lightning.engines.diffusion import DiffusionEngine
 from unirl_lightning.engines.sglang import SGLangEngine
 from unirl_lightning.engines.vllm import VLLMEngine
-from unirl_lightning.rollout.types import (
-    SEED_BITS,
-    DiffusionSampling,
-    RolloutRequest,
-    SamplingParams,
-    derive_seed,
-    derive_seeds,
-)
+from unirl_lightning.rollout.records import DiffusionSampling, RolloutRequest, SamplingParams
 from unirl_lightning.runtime import RolloutSettings
 from unirl_lightning.runtime.batch import BatchRuntime
+from unirl_lightning.seeding import SEED_BITS, derive_seed, derive_seeds
 
 RANKS, GEN_IDS, PARTS, RECORDS_PER_PART, N = 3, 200, 4, 2, 8  # 16 samples per part
 

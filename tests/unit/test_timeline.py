@@ -61,7 +61,7 @@ def test_clamp_span_maps_worker_stamps_into_the_driver_observed_interval():
 
 
 def test_a_generation_result_carries_each_parts_span_on_the_driver_clock():
-    from unirl_lightning.rollout.types import Rollout, RolloutRequest
+    from unirl_lightning.rollout.records import Rollout, RolloutRequest
 
     rollout = Rollout([1, 2], [3, 4, 5], [0.0, 0.0, 0.0], 1.0, "stop")
     parts = [

@@ -41,7 +41,7 @@ def max_logprob_gap(model, groups, temperature: float) -> float:
 
 
 def greedy_completions(engine, max_new_tokens: int = 12) -> list[list[int]]:
-    from unirl_lightning.rollout.types import RolloutRequest, SamplingParams
+    from unirl_lightning.rollout.records import RolloutRequest, SamplingParams
 
     request = RolloutRequest(
         records(), n=1, sampling=SamplingParams(temperature=0, max_new_tokens=max_new_tokens)

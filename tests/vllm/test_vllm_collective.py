@@ -21,7 +21,7 @@ from tests.vllm.helpers import max_logprob_gap, records, tiny_policy  # noqa: E4
 from unirl_lightning.engines.hf import HFEngineConfig  # noqa: E402
 from unirl_lightning.engines.vllm import VLLMEngineConfig  # noqa: E402
 from unirl_lightning.lora import LoraSpec  # noqa: E402
-from unirl_lightning.rollout.types import RolloutRequest, SamplingParams  # noqa: E402
+from unirl_lightning.rollout.records import RolloutRequest, SamplingParams  # noqa: E402
 from unirl_lightning.weight_sync import CollectiveWeightSync  # noqa: E402
 from unirl_lightning.weight_sync.base import weight_tensors  # noqa: E402
 

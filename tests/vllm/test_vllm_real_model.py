@@ -15,7 +15,7 @@ from unirl_lightning.data import make_task  # noqa: E402
 from unirl_lightning.engines.vllm import VLLMEngineConfig  # noqa: E402
 from unirl_lightning.models import PretrainedCausalLM  # noqa: E402
 from unirl_lightning.prompts import render_prompt  # noqa: E402
-from unirl_lightning.rollout.types import RolloutRequest, SamplingParams  # noqa: E402
+from unirl_lightning.rollout.records import RolloutRequest, SamplingParams  # noqa: E402
 from unirl_lightning.strategy import AsyncRolloutStrategy  # noqa: E402
 
 pytestmark = [pytest.mark.slow, needs_smollm2]

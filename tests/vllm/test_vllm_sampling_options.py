@@ -9,7 +9,7 @@ vllm = pytest.importorskip("vllm", reason="vLLM is not installed (make test-vllm
 
 from tests.vllm.helpers import records, tiny_policy  # noqa: E402
 from unirl_lightning.engines.vllm import VLLMEngineConfig  # noqa: E402
-from unirl_lightning.rollout.types import RolloutRequest, SamplingParams  # noqa: E402
+from unirl_lightning.rollout.records import RolloutRequest, SamplingParams  # noqa: E402
 
 
 @pytest.fixture(scope="module")

@@ -14,7 +14,7 @@ from tests.vllm.helpers import greedy_completions, max_logprob_gap, records, tin
 from unirl_lightning.engines.hf import HFEngineConfig  # noqa: E402
 from unirl_lightning.engines.vllm import VLLMEngineConfig  # noqa: E402
 from unirl_lightning.lora import LoraSpec  # noqa: E402
-from unirl_lightning.rollout.types import RolloutRequest, SamplingParams  # noqa: E402
+from unirl_lightning.rollout.records import RolloutRequest, SamplingParams  # noqa: E402
 from unirl_lightning.weight_sync import named_weights  # noqa: E402
 
 

@@ -11,7 +11,7 @@ from typing import Any
 from unirl_lightning.callbacks.base import RolloutCallback
 from unirl_lightning.checks import require_at_least
 from unirl_lightning.rollout.loop import reward_part_means
-from unirl_lightning.rollout.types import SamplingParams
+from unirl_lightning.rollout.records import SamplingParams
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
@@ -108,7 +108,10 @@ class RolloutEvalCallback(RolloutCallback):
 
     Args:
         every_n_steps: RL steps between evaluations; also evaluates once before training
-            (``eval_on_start``) and once at the end (``eval_on_end``).
+            (``eval_on_start``) and once at the end (``eval_on_end``, with the final weights). An
+            evaluation at RL step ``k`` runs after that step's push when one is due, whatever the
+            callbacks' order, so it scores the weights after ``k`` updates; when none is due it
+            scores the last pushed step's, and ``eval/weights_step`` logs which step that was.
         num_prompts: held-out prompts per evaluation (the first ``num_prompts``).
         num_generations: samples per prompt.
         temperature: 0 = greedy (diffusion: the deterministic ODE).
@@ -116,7 +119,10 @@ class RolloutEvalCallback(RolloutCallback):
         pass_k: more ``k`` for ``eval/pass@k``, each in ``[1, num_generations]`` (1 and
             ``num_generations`` are always logged).
         answer_key: the record field with the reference answer for ``eval/maj@n``; None = the
-            module's reward's ``answer_key`` when it has one (MathVerifyReward), else ``"answer"``.
+            module's reward's ``answer_key`` when it has one (MathVerifyReward), else ``"answer"``; also
+            the answer column read from ``prompts``.
+        prompt_key: the column holding the prompt in ``prompts``; None = the data module's
+            ``prompt_key``, else ``"prompt"``.
 
     Example::
 
@@ -137,6 +143,7 @@ class RolloutEvalCallback(RolloutCallback):
         seed: int = 1234,
         pass_k: list[int] | None = None,
         answer_key: str | None = None,
+        prompt_key: str | None = None,
     ) -> None:
         self.every_n_steps = require_at_least("every_n_steps", every_n_steps, 1)
         self.num_prompts = require_at_least("num_prompts", num_prompts, 1)
@@ -155,6 +162,7 @@ class RolloutEvalCallback(RolloutCallback):
                 )
         self.pass_k = sorted({1, num_generations, *(pass_k or [])})
         self.answer_key = answer_key
+        self.prompt_key = prompt_key
         self.validate_only = False  # ``unirl-lightning validate``: evaluate once at fit start, then stop
         self.validated: dict[str, float] | None = None
         self.history: list[dict[str, float]] = []
@@ -166,7 +174,12 @@ class RolloutEvalCallback(RolloutCallback):
             if self.prompts is not None:
                 from unirl_lightning.data import load_records
 
-                records = load_records(self.prompts, num_prompts=self.num_prompts, seed=self.seed)
+                datamodule = trainer.datamodule
+                prompt_key = self.prompt_key or getattr(datamodule, "prompt_key", None) or "prompt"
+                answer_key = self.answer_key or getattr(datamodule, "answer_key", None) or "answer"
+                records = load_records(
+                    self.prompts, self.num_prompts, self.seed, prompt_key=prompt_key, answer_key=answer_key
+                )
             elif trainer.datamodule is not None and hasattr(trainer.datamodule, "val_records"):
                 records = trainer.datamodule.val_records()
             else:
@@ -204,6 +217,7 @@ class RolloutEvalCallback(RolloutCallback):
             "eval/reward_mean": sum(rewards) / len(rewards),
             "eval/accuracy": sum(r >= self.accuracy_threshold for r in rewards) / len(rewards),
             "eval/weight_version": float(strategy.weight_version),
+            "eval/weights_step": float(strategy.pushed_step),  # the RL step whose update was scored
         }
         metrics.update(reward_part_means([r for g in groups for r in g], prefix="eval/reward/"))
         metrics.update(self._group_metrics(groups, records))
@@ -233,11 +247,13 @@ class RolloutEvalCallback(RolloutCallback):
         self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
         if self.strategy.rl_steps % self.every_n_steps == 0:
+            self.strategy.sync_for_step()  # the step's own push first, whatever the callbacks' order
             self.evaluate(trainer, pl_module)
 
     def on_train_end(self, trainer: Any, pl_module: Any) -> None:
         steps = self.strategy.rl_steps
         if self.eval_on_end and (not self.history or self.history[-1]["step"] != steps):
+            self.strategy.sync_trained_weights()  # score the final weights
             self.evaluate(trainer, pl_module)
 
     def state_dict(self) -> dict[str, Any]:

@@ -43,9 +43,9 @@ class WeightSyncCallback(RolloutCallback):
     def on_train_batch_end(
         self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
-        if self.strategy.rl_steps % self.every_n_steps != 0:
+        stats = self.strategy.sync_for_step()  # an evaluation listed before this callback may have pushed
+        if stats is None:
             return
-        stats = self.strategy.sync_weights()
         self.num_syncs += 1
         # the slowest rank's times (a sync ends when every rank is done)
         sync = trainer.world_size > 1

@@ -15,7 +15,8 @@ from lightning.pytorch import LightningDataModule
 from torch.utils.data import DataLoader
 
 from unirl_lightning.data.datamodule import train_loader
-from unirl_lightning.rewards import import_callable
+from unirl_lightning.imports import import_callable
+from unirl_lightning.seeding import episode_held_out_seed
 
 __all__ = ["EpisodeDataModule"]
 
@@ -68,7 +69,7 @@ class EpisodeDataModule(LightningDataModule):
                 f"EpisodeDataModule num_train_prompts={num_train_prompts} is fewer than batch_size={batch_size}."
             )
         try:
-            self.generator = import_callable(records)
+            self.generator = import_callable(records, "records")
         except (ImportError, ValueError, TypeError) as err:
             raise ValueError(
                 f"EpisodeDataModule records={records!r} is not an importable record generator "
@@ -93,7 +94,7 @@ class EpisodeDataModule(LightningDataModule):
     def val_records(self) -> list[dict[str, Any]]:
         if self._val is None:
             self._val = self.generator(
-                self.num_val_prompts, self.seed + 1, self.val_split, **self.record_kwargs
+                self.num_val_prompts, episode_held_out_seed(self.seed), self.val_split, **self.record_kwargs
             )
         return self._val
 

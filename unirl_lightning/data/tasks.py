@@ -14,8 +14,8 @@ global RNG). Answers are checked by :class:`~unirl_lightning.rewards.ExactMatchR
   the answer asked for in ``\\boxed{}`` (a practically unbounded prompt space).
 
 Train / held-out split: :func:`is_held_out` partitions every task's prompt space by a hash of the
-prompt, and ``make_task(..., split="train" | "held_out")`` draws from one side only, so held-out
-prompts are never trained on, for any seed and size. Without ``split``, records drawn with two
+prompt, and ``make_task(..., partition="train" | "held_out")`` draws from one side only, so held-out
+prompts are never trained on, for any seed and size. Without ``partition``, records drawn with two
 seeds may overlap.
 
 Example::
@@ -36,6 +36,7 @@ from typing import Literal, get_args
 __all__ = [
     "BUILTIN_TASKS",
     "HELD_OUT_PERCENT",
+    "Partition",
     "Split",
     "add_mod10",
     "copy_first",
@@ -328,7 +329,8 @@ BUILTIN_TASKS: dict[str, Callable[..., list[dict]]] = {
 HELD_OUT_PERCENT = 10
 """Share (in percent) of every task's prompt space that forms the held-out partition."""
 
-Split = Literal["train", "held_out"]
+Partition = Literal["train", "held_out"]
+Split = Partition  # the former name
 
 
 def is_held_out(prompt: str) -> bool:
@@ -342,16 +344,18 @@ def is_held_out(prompt: str) -> bool:
     return int.from_bytes(digest[:8], "big") % 100 < HELD_OUT_PERCENT
 
 
-def make_task(name: str, num_prompts: int, seed: int, split: Split | None = None, **kwargs) -> list[dict]:
+def make_task(
+    name: str, num_prompts: int, seed: int, partition: Partition | None = None, **kwargs
+) -> list[dict]:
     """Build ``num_prompts`` records of the built-in task ``name``, deterministically from ``seed``.
 
-    With ``split=None`` the records are the task's first ``num_prompts`` draws. With ``split``
+    With ``partition=None`` the records are the task's first ``num_prompts`` draws. With ``partition``
     ``"train"`` (or ``"held_out"``) they are the first ``num_prompts`` draws whose prompt is not (or
     is) :func:`is_held_out`, so a ``"train"`` and a ``"held_out"`` list never share a prompt, for any
     seeds and sizes. Each side keeps the task's own mix of prompts, minus the other side's.
 
     Raises:
-        ValueError: ``name`` is not in :data:`BUILTIN_TASKS`, ``num_prompts`` is negative, ``split``
+        ValueError: ``name`` is not in :data:`BUILTIN_TASKS`, ``num_prompts`` is negative, ``partition``
             is not ``None``/``"train"``/``"held_out"``, a task keyword is unknown or out of range, or
             the requested side of the split has no prompt among many draws (a prompt space too small
             to split, e.g. ``digit_successor`` without ``prefix_len``).
@@ -360,25 +364,25 @@ def make_task(name: str, num_prompts: int, seed: int, split: Split | None = None
 
         >>> make_task("digit_successor", num_prompts=1, seed=3, prefix_len=2)
         [{'prompt': '39 8=', 'answer': '9', 'task': 'digit_successor'}]
-        >>> make_task("digit_successor", num_prompts=2, seed=0, split="held_out")
+        >>> make_task("digit_successor", num_prompts=2, seed=0, partition="held_out")
         [{'prompt': '5=', 'answer': '6', 'task': 'digit_successor'}, {'prompt': '5=', 'answer': '6', 'task': 'digit_successor'}]
     """
     if name not in BUILTIN_TASKS:
         raise ValueError(f"Unknown built-in task {name!r}; expected one of {sorted(BUILTIN_TASKS)}.")
     if not isinstance(num_prompts, int) or isinstance(num_prompts, bool) or num_prompts < 0:
         raise ValueError(f"num_prompts={num_prompts!r} is invalid for task {name!r}; expected an int >= 0.")
-    if split not in (None, *get_args(Split)):
+    if partition not in (None, *get_args(Partition)):
         raise ValueError(
-            f"split={split!r} is invalid for task {name!r}; expected None, 'train' or 'held_out'."
+            f"partition={partition!r} is invalid for task {name!r}; expected None, 'train' or 'held_out'."
         )
     generator = BUILTIN_TASKS[name]
     allowed = [p for p in inspect.signature(generator).parameters if p not in ("num_prompts", "seed")]
     unknown = sorted(set(kwargs) - set(allowed))
     if unknown:
         raise ValueError(f"Task {name!r} got unknown keyword arguments {unknown}; allowed: {allowed}.")
-    if split is None or num_prompts == 0:
+    if partition is None or num_prompts == 0:
         return generator(num_prompts, seed, **kwargs)
-    want_held_out = split == "held_out"
+    want_held_out = partition == "held_out"
     max_draws = 64 * num_prompts + 4096
     draws = 2 * num_prompts
     while True:
@@ -388,7 +392,7 @@ def make_task(name: str, num_prompts: int, seed: int, split: Split | None = None
             return kept[:num_prompts]
         if draws == max_draws:
             raise ValueError(
-                f"Task {name!r} (kwargs {kwargs}) gave {len(kept)} of the {num_prompts} {split!r} prompts asked "
+                f"Task {name!r} (kwargs {kwargs}) gave {len(kept)} of the {num_prompts} {partition!r} prompts asked "
                 f"for in {draws} draws: its prompt space is too small to split ({HELD_OUT_PERCENT}% of prompts, "
                 "by hash, are held out). Use a larger prompt space (e.g. prefix_len for digit_successor) or "
                 "PromptDataModule(held_out='resample')."

@@ -35,7 +35,7 @@ from typing import Any, ClassVar, Literal, Protocol, runtime_checkable
 
 import torch
 
-from unirl_lightning.rollout.types import FinishReason, PolicyFamily, Rollout, RolloutRequest
+from unirl_lightning.rollout.records import FinishReason, PolicyFamily, Rollout, RolloutRequest
 
 
 @runtime_checkable
@@ -247,3 +247,39 @@ def make_group(
         )
         for completion, logprobs, finish in samples
     ]
+
+
+class RowGeneration:
+    """The request-grouping default of the engines that sample one row per completion from token ids
+    (vLLM, SGLang): each record's prompt ids are repeated ``n`` times, the rows go to the engine's
+    ``generate_ids(rows, sampling, seed)`` (row ``i`` seeded ``derive_seed(seed, i)``), and the samples
+    come back as one group per record. The HF engine keeps its own group-aligned, chunk-seeded batches.
+    """
+
+    def generate(self, request: RolloutRequest) -> list[list[Rollout]]:
+        tok = self.tokenizer  # type: ignore[attr-defined]
+        n = request.n
+        prompt_ids = [self.policy.prompt_ids(tok, record) for record in request.records]  # type: ignore[attr-defined]
+        rows = [ids for ids in prompt_ids for _ in range(n)]
+        samples = self.generate_ids(rows, request.sampling, request.seed)  # type: ignore[attr-defined]
+        version = self.weight_version  # type: ignore[attr-defined]
+        return [
+            make_group(request, i, ids, samples[i * n : (i + 1) * n], tok, version)
+            for i, ids in enumerate(prompt_ids)
+        ]
+
+
+ENGINE_DEAD_ERRORS = ("EngineDeadError",)
+"""The names of the exceptions by which a serving engine says it can serve no more (vLLM's
+``EngineDeadError``: its engine core process died): the worker holding it is as good as dead. Matched
+by name over the exception's classes, so the driver needs no engine installed."""
+
+
+def is_engine_dead(error: BaseException | None) -> bool:
+    """Whether ``error`` (or a class it derives from) is one of :data:`ENGINE_DEAD_ERRORS`.
+
+    >>> class EngineDeadError(RuntimeError): ...
+    >>> is_engine_dead(EngineDeadError("core died")), is_engine_dead(ValueError())
+    (True, False)
+    """
+    return error is not None and any(cls.__name__ in ENGINE_DEAD_ERRORS for cls in type(error).__mro__)

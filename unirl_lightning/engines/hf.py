@@ -6,7 +6,7 @@ truncation, no repetition penalty, no generation-config processors such as ``sup
 at the request's temperature ``T``; a greedy request (temperature 0) reports them at ``T = 1``. So
 they are the log-probs of the distribution the trainer recomputes (temperature-scaled, before
 truncation), while the sample itself is drawn from the processed distribution. Every option of
-:class:`~unirl_lightning.rollout.types.SamplingParams` reaches ``generate`` (:func:`generate_kwargs`).
+:class:`~unirl_lightning.rollout.records.SamplingParams` reaches ``generate`` (:func:`generate_kwargs`).
 
 A request whose longest prompt plus ``max_new_tokens`` exceeds the model's
 ``max_position_embeddings`` is refused with a ``ValueError`` naming the numbers (``generate``
@@ -45,7 +45,8 @@ from unirl_lightning.lora import (
     unwrapped,
 )
 from unirl_lightning.models import PolicySpec
-from unirl_lightning.rollout.types import FinishReason, Rollout, RolloutRequest, SamplingParams, derive_seed
+from unirl_lightning.rollout.records import FinishReason, Rollout, RolloutRequest, SamplingParams
+from unirl_lightning.seeding import derive_seed
 
 log = logging.getLogger(__name__)
 

@@ -14,7 +14,7 @@ import torch
 from unirl_lightning.lora import LoraSpec
 from unirl_lightning.models import PolicySpec, PretrainedCausalLM, TinyCausalLM
 
-__all__ = ["ServedPolicy", "is_lora_push", "lora_adapter_config", "materialize_policy"]
+__all__ = ["ServedPolicy", "lora_adapter_config", "materialize_policy"]
 
 _LORA_NAME = re.compile(r"^(?P<module>.+)\.lora_(?P<kind>A|B)(?:\.[^.]+)?\.weight$")
 
@@ -48,17 +48,6 @@ def lora_adapter_config(tensors: dict[str, torch.Tensor], lora: LoraSpec, base_m
         "fan_in_fan_out": False,
         "target_modules": sorted(modules),
     }
-
-
-def is_lora_push(items: list[tuple[str, torch.Tensor]]) -> bool:
-    """True for an adapter-only push, False for full weights; a mix of both is an error."""
-    lora = sum(1 for name, _ in items if ".lora_A." in name or ".lora_B." in name)
-    if lora and lora != len(items):
-        raise ValueError(
-            f"a weight push is either full weights or LoRA adapter tensors only; got {lora} adapter and "
-            f"{len(items) - lora} other tensors"
-        )
-    return bool(lora)
 
 
 @dataclass

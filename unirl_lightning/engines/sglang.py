@@ -9,7 +9,7 @@ Guarantees, beyond the contract:
   run with ``SGLANG_RETURN_ORIGINAL_LOGPROB=1`` (that reports temperature-1 log-probs); it refuses to
   start if it is set. Completions are the token ids SGLang reports next to those log-probs, cut after
   the first eos (kept), so ids, log-probs and ``finish_reason`` line up exactly as in the HF engine.
-* **Sampling**: every option of :class:`~unirl_lightning.rollout.types.SamplingParams` maps onto
+* **Sampling**: every option of :class:`~unirl_lightning.rollout.records.SamplingParams` maps onto
   SGLang's sampling parameters (:func:`sglang_sampling_params`; ``top_k`` 0 = off is SGLang's -1);
   ``sampling_overrides`` adds SGLang-only ones, refusing those the engine owns. A request whose
   longest prompt plus ``max_new_tokens`` exceeds SGLang's context length is refused naming the numbers.
@@ -17,7 +17,7 @@ Guarantees, beyond the contract:
   are decoded with the policy's tokenizer. Each record's ``n`` samples are ``n`` requests. Seeds: SGLang
   honours per-request seeds only in deterministic mode (``deterministic=True``, i.e.
   ``enable_deterministic_inference``): then record ``i``'s ``j``-th sample (sample ``k = i * n + j``)
-  uses :func:`~unirl_lightning.rollout.types.derive_seed` ``(seed, k)``; otherwise sampling draws
+  uses :func:`~unirl_lightning.seeding.derive_seed` ``(seed, k)``; otherwise sampling draws
   from the engine's ``random_seed`` stream.
 * **Multi-turn** (agentic episodes): ``generate_ids`` takes token ids (every episode's whole context
   so far) and returns one sample per row with the same log-prob and stop rules; ``generate`` is
@@ -59,16 +59,17 @@ import torch
 from unirl_lightning.checks import require_in_range, require_positive
 from unirl_lightning.engines.base import (
     EngineConfig,
+    RowGeneration,
     check_context,
     check_sampling_overrides,
     import_backend,
-    make_group,
     trim_at_stop,
 )
-from unirl_lightning.engines.serving import is_lora_push, lora_adapter_config, materialize_policy
-from unirl_lightning.lora import LoraSpec
+from unirl_lightning.engines.serving import lora_adapter_config, materialize_policy
+from unirl_lightning.lora import LoraSpec, is_lora_push
 from unirl_lightning.models import PolicySpec
-from unirl_lightning.rollout.types import FinishReason, Rollout, RolloutRequest, SamplingParams, derive_seeds
+from unirl_lightning.rollout.records import FinishReason, SamplingParams
+from unirl_lightning.seeding import derive_seeds
 from unirl_lightning.weight_sync.buckets import weight_buckets
 
 __all__ = ["SGLangEngine", "SGLangEngineConfig", "import_sglang", "sglang_sampling_params"]
@@ -175,7 +176,7 @@ class SGLangEngineConfig(EngineConfig):
         return SGLangEngine(self, policy, lora)
 
 
-class SGLangEngine:
+class SGLangEngine(RowGeneration):
     """Generates groups with ``sglang.Engine.generate``; see the module docstring for the contract."""
 
     def __init__(self, config: SGLangEngineConfig, policy: PolicySpec, lora: LoraSpec | None) -> None:
@@ -291,18 +292,6 @@ class SGLangEngine:
         self._cleanup()
 
     # -- generation ------------------------------------------------------------------------------
-    def generate(self, request: RolloutRequest) -> list[list[Rollout]]:
-        tok = self.tokenizer
-        prompt_ids = [self.policy.prompt_ids(tok, record) for record in request.records]
-        rows = [ids for ids in prompt_ids for _ in range(request.n)]
-        samples = self.generate_ids(rows, request.sampling, request.seed)
-        return [
-            make_group(
-                request, i, ids, samples[i * request.n : (i + 1) * request.n], tok, self.weight_version
-            )
-            for i, ids in enumerate(prompt_ids)
-        ]
-
     def generate_ids(
         self, prompt_ids: list[list[int]], sampling: SamplingParams, seed: int | None = None
     ) -> list[tuple[list[int], list[float], FinishReason]]:

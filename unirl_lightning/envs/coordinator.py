@@ -16,35 +16,22 @@ How a drive runs (one background thread, started by ``submit``)
     decodes them, and calls :func:`safe_step` with the text; an episode that goes on appends the
     tokens of the observation (``loss_mask`` 0, log-prob 0). Earlier turns are never
     re-tokenized: the ids the engine sampled are the ids the trainer scores. An episode that ends
-    becomes an :class:`~unirl_lightning.rollout.types.AgenticRollout` at once (``poll`` returns it),
+    becomes an :class:`~unirl_lightning.rollout.records.AgenticRollout` at once (``poll`` returns it),
     with the episode's return as its reward.
 
 Sampling seeds
-    Model turn ``t`` (0-based) of the episode whose request has seed ``s`` is sampled with
-    :func:`turn_seed` ``(s, t)``, a blake2b hash of both: no two episodes' turns share a seed, and a
-    suspended episode's later turns get the same seeds whichever drive resumes it. The engines take
-    one seed per generation call (vLLM and SGLang seed row ``i`` with ``seed + i``, HF seeds the
-    batch), so the call's seed is :func:`call_seed` of its rows' turn seeds (the row's own seed
-    when the call has one row): it depends only on which episode turns share the call, never on a
-    drive's random state.
+    Model turn ``t`` of the episode seeded ``s`` is sampled with :func:`~unirl_lightning.seeding.turn_seed`
+    ``(s, t)``, and a generation call with :func:`~unirl_lightning.seeding.call_seed` of its rows' turn
+    seeds: they depend only on which episode turns share the call, never on the drive that plays them.
 
 Truncated turns and the context budget (:class:`EpisodeSettings`)
-    A model turn the engine cut at ``max_new_tokens`` (finish reason ``"length"``) has no
-    end-of-turn token. In a chat episode (the initial observation was chat messages, rendered with
-    the policy's chat template) the environment still steps on its text, and then, if the episode
-    goes on, ``truncated_turn="close"`` appends the template's end of an assistant message (what
-    the template renders after an assistant message's content, e.g. ``<|im_end|>`` and a newline
-    for ChatML; ``loss_mask`` 0, log-prob 0: the model did not sample it) before the next
-    observation, so the context stays well-formed chat; ``"end"`` ends the episode there with the
-    return the environment paid so far (the sum of its step rewards, the truncated turn's step
-    included; no turn-limit reward, the built-in environments pay 0 then). Either way the turn is
-    counted (the sample's ``truncated_turns``). A raw-string episode (no chat template, e.g. the
-    compact syntax of the tiny recipes, one token per turn) has no end-of-turn token: nothing is
-    appended and nothing counted. Before every model turn an episode whose context (prompt, every
-    token so far, and ``max_new_tokens`` for the turn) would exceed ``max_context_tokens`` or the
-    engine's ``max_model_len`` (when the engine has that attribute) ends cleanly instead (its
-    return so far, ``context_limited`` set on the sample, the observation after its last model
-    turn cut off), so no generation call overflows the engine.
+    A chat model turn cut at ``max_new_tokens`` has no end-of-turn token. The environment still steps
+    on its text; then ``truncated_turn="close"`` appends the chat template's end of an assistant
+    message (``loss_mask`` 0, log-prob 0) before the next observation, and ``"end"`` ends the episode
+    with the return paid so far. Either way the sample's ``truncated_turns`` counts it (raw-string
+    episodes have no end-of-turn token: nothing is appended or counted). An episode whose next turn
+    would exceed ``max_context_tokens`` or the engine's ``max_model_len`` ends cleanly before it
+    (``context_limited``), so no generation call overflows the engine.
 
 Turn boundaries, abort and carried episodes
     ``abort()`` sets a flag the drive checks before each generation call, waits for the turn in
@@ -71,13 +58,11 @@ Requirements on the engine
     it serves). The HF and vLLM engines have them; others raise ``NotImplementedError`` naming the
     engine when a coordinator is built on them.
 
-This module imports only the standard library and :mod:`unirl_lightning.envs` at import time (the
-sample record type is imported when a coordinator is built, inside the worker).
+This module imports no torch: the standard library, :mod:`unirl_lightning.envs`, records, seeds.
 """
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import threading
 import time
@@ -86,19 +71,11 @@ from typing import Any, Literal
 
 from unirl_lightning.envs.base import Environment, EnvStepError, Observation, safe_reset, safe_step
 from unirl_lightning.envs.spec import EnvSpec
+from unirl_lightning.rollout.records import AgenticRollout
+from unirl_lightning.seeding import call_seed, turn_seed
 
-__all__ = [
-    "EpisodeCoordinator",
-    "EpisodeRequest",
-    "EpisodeSettings",
-    "OnEnvError",
-    "TruncatedTurn",
-    "call_seed",
-    "observation_ids",
-    "prompt_ids_of",
-    "turn_closing_ids",
-    "turn_seed",
-]
+__all__ = ["EpisodeCoordinator", "EpisodeRequest", "EpisodeSettings", "OnEnvError", "TruncatedTurn"]
+__all__ += ["call_seed", "observation_ids", "prompt_ids_of", "turn_closing_ids", "turn_seed"]
 
 log = logging.getLogger(__name__)
 
@@ -108,29 +85,6 @@ TruncatedTurn = Literal["close", "end"]
 _TRUNCATED_TURN = ("close", "end")
 _CHAT_PREFIX = [{"role": "user", "content": "."}, {"role": "assistant", "content": "."}]
 _CLOSING_PROBE = "UNIRL_TURN_CLOSING_PROBE"
-_SEED_BITS = 62  # seeds stay below 2**62: an engine may add a row index and keep them in an int64
-
-
-def turn_seed(episode_seed: int, turn: int) -> int:
-    """The sampling seed of model turn ``turn`` (0-based) of the episode seeded ``episode_seed``.
-
-    A blake2b hash of the pair (stable across processes and Python versions), in ``[0, 2**62)``:
-    distinct pairs collide with probability about ``2**-62``, and the seed of an episode's turn
-    does not depend on the drive that plays it.
-    """
-    digest = hashlib.blake2b(f"{episode_seed}/{turn}".encode(), digest_size=8, person=b"unirl-turn").digest()
-    return int.from_bytes(digest, "big") >> (64 - _SEED_BITS)
-
-
-def call_seed(seeds: list[int]) -> int:
-    """The seed of one generation call over rows with these turn seeds: the seed itself for one row,
-    otherwise a blake2b hash of them in order (in ``[0, 2**62)``)."""
-    if len(seeds) == 1:
-        return seeds[0]
-    joined = ",".join(map(str, seeds)).encode()
-    return int.from_bytes(hashlib.blake2b(joined, digest_size=8, person=b"unirl-call").digest(), "big") >> (
-        64 - _SEED_BITS
-    )
 
 
 @dataclass(frozen=True)
@@ -274,8 +228,6 @@ class EpisodeCoordinator:
             )
         if not isinstance(settings, EpisodeSettings):
             settings = EpisodeSettings(on_env_error=settings)
-        from unirl_lightning.rollout.types import AgenticRollout  # torch: only inside the worker
-
         self._sample_cls = AgenticRollout
         self.engine = engine
         self.tokenizer = engine.tokenizer

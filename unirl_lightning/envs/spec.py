@@ -31,13 +31,13 @@ This module imports only the standard library and :mod:`unirl_lightning.envs.bas
 
 from __future__ import annotations
 
-import importlib
 import inspect
 import pickle
 from dataclasses import dataclass, field
 from typing import Any
 
 from unirl_lightning.envs.base import Environment
+from unirl_lightning.imports import import_object
 
 __all__ = ["EnvSpec", "import_environment_class", "resolve_environment"]
 
@@ -73,15 +73,6 @@ class EnvSpec:
         return self.environment_class()(**self.init_args)
 
 
-def _split_candidates(path: str) -> list[tuple[str, str]]:
-    """``(module, attribute path)`` pairs to try, the longest module first."""
-    if ":" in path:
-        module_name, _, attr_path = path.partition(":")
-        return [(module_name, attr_path)]
-    parts = path.split(".")
-    return [(".".join(parts[:i]), ".".join(parts[i:])) for i in range(len(parts) - 1, 0, -1)]
-
-
 def import_environment_class(path: str, key: str = "env") -> type[Environment]:
     """Import the class at ``path`` and check that it subclasses :class:`Environment`.
 
@@ -91,42 +82,15 @@ def import_environment_class(path: str, key: str = "env") -> type[Environment]:
         TypeError: the attribute is not a class, or not an :class:`Environment` subclass.
     """
     where = f"{key}={path!r}"
-    candidates = _split_candidates(path) if isinstance(path, str) else []
-    if not candidates or not all(module and attrs and all(attrs.split(".")) for module, attrs in candidates):
-        raise ValueError(f"{where} is not a class path; expected {_PATH_FORMS}.")
-    missing = []
-    for module_name, attr_path in candidates:
-        try:
-            target: Any = importlib.import_module(module_name)
-        except ModuleNotFoundError as err:
-            if err.name and (module_name == err.name or module_name.startswith(err.name + ".")):
-                missing.append(module_name)
-                continue  # the module itself is missing: try a shorter module prefix
-            raise ImportError(f"{where}: importing module {module_name!r} failed: {err}") from err
-        except Exception as err:
-            raise ImportError(
-                f"{where}: importing module {module_name!r} failed: {type(err).__name__}: {err}"
-            ) from err
-        for attr in attr_path.split("."):
-            try:
-                target = getattr(target, attr)
-            except AttributeError:
-                raise ImportError(
-                    f"{where}: module {module_name!r} has no attribute {attr_path!r}; expected {_PATH_FORMS} "
-                    f"naming {_EXPECTED}."
-                ) from None
-        if not inspect.isclass(target):
-            raise TypeError(f"{where} resolves to {target!r}, which is not a class; expected {_EXPECTED}.")
-        if not issubclass(target, Environment):
-            raise TypeError(
-                f"{where} resolves to class {target.__module__}.{target.__qualname__}, which is not {_EXPECTED}; "
-                "subclass Environment and implement on_reset(record) and on_step(assistant_text)."
-            )
-        return target
-    raise ImportError(
-        f"{where}: no module named {missing[-1]!r}; expected {_PATH_FORMS} importable on the driver and on "
-        "every rollout worker (installed, or on PYTHONPATH)."
-    )
+    target = import_object(path, key, kind="class", forms=_PATH_FORMS, expected=_EXPECTED)
+    if not inspect.isclass(target):
+        raise TypeError(f"{where} resolves to {target!r}, which is not a class; expected {_EXPECTED}.")
+    if not issubclass(target, Environment):
+        raise TypeError(
+            f"{where} resolves to class {target.__module__}.{target.__qualname__}, which is not {_EXPECTED}; "
+            "subclass Environment and implement on_reset(record) and on_step(assistant_text)."
+        )
+    return target
 
 
 def _spec_of(env: Any, init_args: dict[str, Any] | None, key: str) -> EnvSpec:

@@ -53,13 +53,17 @@ from unirl_lightning.callbacks import (
     WeightVersionLogger,
 )
 from unirl_lightning.checks import require_at_least
+from unirl_lightning.modules.microbatch import (
+    distributed_world_size,
+    max_over_ranks,
+    mean_over_ranks,
+    split_to_count,
+)
+from unirl_lightning.modules.optim import LOW_PRECISION_DTYPES, adamw, upcast_trainable_parameters
 from unirl_lightning.rollout.agentic_loop import AgenticSpec
-from unirl_lightning.rollout.types import PolicyFamily
+from unirl_lightning.rollout.records import PolicyFamily
 from unirl_lightning.sharding import full_tensor
 from unirl_lightning.weight_sync.base import set_serving_dtype
-
-LOW_PRECISION_DTYPES = (torch.bfloat16, torch.float16)
-"""Compute dtypes that get float32 master weights."""
 
 
 @dataclass
@@ -131,105 +135,9 @@ class RLModule(LightningModule):
         return callbacks
 
 
-def upcast_trainable_parameters(module: torch.nn.Module) -> int:
-    """Make every trainable low-precision (bf16/fp16) parameter of ``module`` a float32 master, in
-    place (the ``Parameter`` objects stay: ties and references hold). Frozen parameters keep their
-    dtype. Idempotent; returns how many parameters were upcast."""
-    count = 0
-    for param in module.parameters():
-        if param.requires_grad and param.dtype in LOW_PRECISION_DTYPES:
-            param.data = param.data.float()
-            count += 1
-    return count
-
-
-FUSED_ADAMW_DEVICES = ("cuda", "cpu")
-FUSED_ADAMW_DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
-
-
-def adamw(params: list[torch.nn.Parameter], allow_fused: bool = True, **kwargs: Any) -> torch.optim.AdamW:
-    """``torch.optim.AdamW(params, **kwargs)`` with torch's fused kernel (one pass over each
-    parameter, its gradient and both moments) where every parameter allows it: floating (float32,
-    bf16, fp16, float64) on one CUDA or CPU device, a ``DTensor`` shard included; else (or with
-    ``allow_fused=False``) torch's default implementation (on CPU a Python loop of about ten tensor
-    ops per parameter). The update is the same AdamW (bit for bit on CPU float32 in the tests); HF
-    ``Trainer`` (so TRL) uses the fused kernel by default too. Measured in
-    ``benchmarks/optimizer_step.py``.
-
-    >>> adamw([torch.nn.Parameter(torch.zeros(2))], lr=0.1).param_groups[0]["fused"]
-    True
-    >>> adamw([torch.nn.Parameter(torch.zeros(2, device="meta"))], lr=0.1).param_groups[0]["fused"]
-    """
-    devices = {p.device.type for p in params}
-    fused = allow_fused and len(devices) == 1 and devices <= set(FUSED_ADAMW_DEVICES)
-    fused = fused and all(p.dtype in FUSED_ADAMW_DTYPES for p in params)
-    return torch.optim.AdamW(params, fused=True if fused else None, **kwargs)
-
-
 def select_rows(context: dict[str, Any], rows: torch.Tensor) -> dict[str, Any]:
     """Every tensor of ``context`` restricted to ``rows`` (other values as they are)."""
     return {k: v[rows] if isinstance(v, torch.Tensor) else v for k, v in context.items()}
-
-
-def distributed_world_size() -> int:
-    """The size of the default process group (what Lightning's DDP / FSDP strategies set up); 1
-    when ``torch.distributed`` is not initialized."""
-    dist = torch.distributed
-    return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
-
-
-def global_token_count(local: torch.Tensor, device: torch.device | str | None = None) -> torch.Tensor:
-    """``local`` (a count, e.g. this rank's loss tokens) summed over the ranks of the default process
-    group (one all-reduce), as a float64 scalar on ``device`` (default: ``local``'s; it must be the
-    training backend's device: NCCL reduces CUDA tensors only). Without ``torch.distributed``, or on
-    one rank, ``local`` as it is (in float64)."""
-    total = local.detach().to(device=device or local.device, dtype=torch.float64).clone()
-    if distributed_world_size() > 1:
-        torch.distributed.all_reduce(total, op=torch.distributed.ReduceOp.SUM)
-    return total
-
-
-def max_over_ranks(value: int, device: torch.device | str) -> int:
-    """The largest ``value`` over the ranks of the default process group (one all-reduce on
-    ``device``); ``value`` itself on one rank."""
-    if distributed_world_size() == 1:
-        return value
-    largest = torch.tensor([value], dtype=torch.long, device=device)
-    torch.distributed.all_reduce(largest, op=torch.distributed.ReduceOp.MAX)
-    return int(largest.item())
-
-
-def pack_rows_by_tokens(widths: list[int], max_tokens: int, max_rows: int | None = None) -> list[list[int]]:
-    """Row indices packed into micro-batches whose padded size ``rows x longest row`` stays within
-    ``max_tokens`` (and at most ``max_rows`` rows each), at least one row each: the rows are taken
-    longest first and added to the current micro-batch while it fits (greedy). Each micro-batch
-    lists its rows in ascending order; the micro-batches come longest first (the peak memory first)."""
-    order = sorted(range(len(widths)), key=lambda i: -widths[i])  # stable: ties keep their order
-    parts: list[list[int]] = []
-    current: list[int] = []
-    for i in order:
-        longest = widths[current[0]] if current else widths[i]  # longest first: the first is the widest
-        full = max_rows is not None and len(current) >= max_rows
-        if current and (full or (len(current) + 1) * longest > max_tokens):
-            parts.append(sorted(current))
-            current = []
-        current.append(i)
-    if current:
-        parts.append(sorted(current))
-    return parts
-
-
-def split_to_count(parts: list[list[int]], count: int) -> list[list[int]]:
-    """``parts`` split until there are ``count`` of them (each split halves the part with the most rows,
-    so every budget still holds), or until every part has one row."""
-    parts = [list(p) for p in parts]
-    while len(parts) < count:
-        widest = max(range(len(parts)), key=lambda i: len(parts[i]))
-        rows = parts[widest]
-        if len(rows) < 2:
-            break
-        parts[widest : widest + 1] = [rows[: len(rows) // 2], rows[len(rows) // 2 :]]
-    return parts
 
 
 class PolicyGradientModule(RLModule):
@@ -518,13 +426,10 @@ class PolicyGradientModule(RLModule):
         """Log one RL step's figures: the :attr:`WATCHED` ones through ``self.log`` (reward on the
         progress bar), the rest straight to the trainer's loggers every ``log_every_n_steps`` RL steps
         (``self.log`` costs about a millisecond of bookkeeping per key). With several ranks every
-        figure is the mean over the ranks (one all-reduce). ``last_logged_metrics`` keeps them all."""
-        names = sorted(metrics)
+        figure is the mean over the ranks that have it (:func:`mean_over_ranks`: the keys are the
+        union over the ranks). ``last_logged_metrics`` keeps them all."""
         # on the module's device: the reduction runs on the training backend (NCCL reduces CUDA tensors only)
-        values = torch.tensor([float(metrics[k]) for k in names], dtype=torch.float64, device=self.device)
-        if self.trainer.world_size > 1:
-            values = self.trainer.strategy.reduce(values, reduce_op="mean")
-        reduced = dict(zip(names, values.tolist()))
+        reduced = mean_over_ranks(metrics, self.device)
         self.last_logged_metrics = reduced
         for key in self.WATCHED:
             if key in reduced:

@@ -21,8 +21,6 @@ Subclasses (:class:`~unirl_lightning.modules.grpo.GRPOModule`,
 from __future__ import annotations
 
 import functools
-import inspect
-import math
 from collections.abc import Callable
 from dataclasses import replace
 from typing import Any, Literal
@@ -45,18 +43,24 @@ from unirl_lightning.algorithms import (
     truncated_importance_weights,
 )
 from unirl_lightning.algorithms.kl import KLEstimator
-from unirl_lightning.checks import require_at_least, require_choice, require_in_range, require_positive
-from unirl_lightning.lora import LLM_LORA_TARGETS, LoraSpec, apply_lora, unwrapped
+from unirl_lightning.checks import require_at_least, require_choice, require_in_range
+from unirl_lightning.lora import LLM_LORA_TARGETS, LoraSpec, apply_lora
 from unirl_lightning.models import PretrainedCausalLM, TinyCausalLM
-from unirl_lightning.modules.base import (
-    LOW_PRECISION_DTYPES,
-    PolicyGradientModule,
-    RolloutSpec,
-    global_token_count,
-    pack_rows_by_tokens,
+from unirl_lightning.modules.base import PolicyGradientModule, RolloutSpec
+from unirl_lightning.modules.loss_settings import check_loss_combination, check_mismatch_correction
+from unirl_lightning.modules.microbatch import global_token_count, pack_rows_by_tokens
+from unirl_lightning.modules.optim import LOW_PRECISION_DTYPES
+from unirl_lightning.modules.tokens import (
+    SEQUENCE_UNIT_METRICS,
+    TOKEN_FIELDS,
+    accepts_logits_to_keep,
+    enable_gradient_checkpointing,
+    first_response_column,
+    row_widths,
 )
 from unirl_lightning.rewards import ExactMatchReward, Reward, resolve_reward
-from unirl_lightning.rollout.types import ExperienceBatch, SamplingParams
+from unirl_lightning.rollout.batches import ExperienceBatch
+from unirl_lightning.rollout.records import SamplingParams
 from unirl_lightning.sharding import shard_children
 
 OldLogprob = Literal["rollout", "recompute"]
@@ -74,7 +78,7 @@ class CausalLMModule(PolicyGradientModule):
         temperature / top_p / max_new_tokens: sampling; log-probs are recomputed at ``temperature``.
         top_k / min_p / repetition_penalty / stop: more sampling (0 / 0.0 / 1.0 / [] = off): top-k and
             min-p truncation, CTRL's repetition penalty, stop strings; every engine applies them (see
-            :class:`~unirl_lightning.rollout.types.SamplingParams` for the log-probs under them).
+            :class:`~unirl_lightning.rollout.records.SamplingParams` for the log-probs under them).
             ``max_new_tokens`` plus the longest prompt must fit the policy's positions.
         lr / weight_decay / betas: AdamW.
         loss: ``"ppo"`` (clipped surrogate) or ``"cispo"`` (MiniMax-M1: ``-sg(min(r, cispo_cap)) * A *
@@ -325,7 +329,7 @@ class CausalLMModule(PolicyGradientModule):
         return self.micro_batch_tokens is not None or self.micro_batch_rows is not None
 
     def pack_micro_batches(self, batch: ExperienceBatch) -> list[list[int]]:
-        """Rows packed by ``micro_batch_tokens`` (:func:`~unirl_lightning.modules.base.pack_rows_by_tokens`
+        """Rows packed by ``micro_batch_tokens`` (:func:`~unirl_lightning.modules.microbatch.pack_rows_by_tokens`
         over each row's width), or in runs of ``micro_batch_rows``."""
         if self.micro_batch_tokens is None:
             return super().pack_micro_batches(batch)
@@ -380,7 +384,7 @@ class CausalLMModule(PolicyGradientModule):
 
     def loss_normalizer(self, minibatch: ExperienceBatch, context: dict[str, Any]) -> torch.Tensor:
         """``"token-mean"``: the mini-batch's loss tokens summed over the data-parallel ranks (one
-        all-reduce on the module's device, :func:`~unirl_lightning.modules.base.global_token_count`),
+        all-reduce on the module's device, :func:`~unirl_lightning.modules.microbatch.global_token_count`),
         over the world size: each rank's loss is then its token sum over the global count times the
         world size, which DDP / FSDP2's gradient averaging turns into the global token mean. One rank,
         or ``"seq-mean-*"``: the mini-batch's own :meth:`loss_units`."""
@@ -525,88 +529,3 @@ class CausalLMModule(PolicyGradientModule):
         if kl is not None:
             metrics["kl"] = masked_mean(kl.detach(), mask)
         return loss, metrics
-
-
-def check_loss_combination(loss: str, ratio_level: str, clip_ratio_c: float | None) -> None:
-    """Refuse the settings that define no loss: dual-clip with CISPO or at the sequence level, and
-    CISPO at the sequence level (its weight is a per-token truncated ratio)."""
-    if clip_ratio_c is not None:
-        require_in_range("clip_ratio_c", clip_ratio_c, 1, math.inf, low_open=True, high_open=True)
-        if ratio_level == "sequence":
-            raise ValueError(
-                "clip_ratio_c (dual-clip) is defined at ratio_level='token' only: set clip_ratio_c=None "
-                f"(YAML: null) with ratio_level='sequence', got clip_ratio_c={clip_ratio_c!r}"
-            )
-        if loss == "cispo":
-            raise ValueError(
-                "clip_ratio_c (dual-clip) is defined for loss='ppo' only (CISPO caps its weight at "
-                f"cispo_cap): set clip_ratio_c=None (YAML: null) with loss='cispo', got clip_ratio_c={clip_ratio_c!r}"
-            )
-    if loss == "cispo" and ratio_level != "token":
-        raise ValueError(
-            f"loss='cispo' is defined at ratio_level='token' only, got ratio_level={ratio_level!r}"
-        )
-
-
-def check_mismatch_correction(
-    old_logprob: str, tis_cap: float | None, sequence_mask_cap: float | None
-) -> None:
-    """The rollout/trainer mismatch corrections need the trainer's own log-probs before the update
-    (``old_logprob="recompute"``), and one of them at a time."""
-    for key, cap in (("tis_cap", tis_cap), ("sequence_mask_cap", sequence_mask_cap)):
-        if cap is not None and old_logprob != "recompute":
-            raise ValueError(
-                f"{key} needs old_logprob='recompute' (the weights are pi_trainer / pi_rollout), got "
-                f"old_logprob={old_logprob!r}"
-            )
-    if tis_cap is not None and sequence_mask_cap is not None:
-        raise ValueError(
-            "tis_cap and sequence_mask_cap correct the same mismatch (per token, per sequence): set one, got "
-            f"tis_cap={tis_cap!r}, sequence_mask_cap={sequence_mask_cap!r}"
-        )
-    if tis_cap is not None:
-        require_positive("tis_cap", tis_cap)
-    if sequence_mask_cap is not None:
-        require_in_range("sequence_mask_cap", sequence_mask_cap, 1, math.inf, low_open=True, high_open=True)
-
-
-TOKEN_FIELDS = ("input_ids", "attention_mask", "response_mask", "rollout_logprobs")
-"""The ``[N, L]`` tensors of an :class:`~unirl_lightning.rollout.types.ExperienceBatch`."""
-
-SEQUENCE_UNIT_METRICS = frozenset({"ratio_mean", "clip_fraction", "dual_clip_fraction"})
-"""The loss metrics that are means over sequences at ``ratio_level="sequence"``."""
-
-
-def row_widths(attention_mask: torch.Tensor) -> torch.Tensor:
-    """``[N]`` the columns each row needs: one past its last attended position (0 for an empty row)."""
-    attended = attention_mask.bool()
-    columns = torch.arange(1, attended.shape[1] + 1, device=attended.device)
-    return (columns * attended).amax(dim=1) if attended.shape[1] else attended.sum(dim=1)
-
-
-def enable_gradient_checkpointing(model: torch.nn.Module) -> None:
-    """``transformers``' activation checkpointing of every block of ``model`` (PEFT-wrapped or not),
-    non-reentrant (``torch.utils.checkpoint`` with ``use_reentrant=False``: frozen embeddings, LoRA
-    and FSDP2 need no input that requires grad). Active in training mode only."""
-    target = unwrapped(model)
-    if hasattr(target, "activation_checkpointing_enable"):  # transformers >= 5 (the old name is deprecated)
-        target.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
-    elif hasattr(target, "gradient_checkpointing_enable"):
-        target.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    else:
-        raise ValueError(
-            f"gradient_checkpointing needs a transformers model (activation_checkpointing_enable), got "
-            f"{type(target).__name__}"
-        )
-
-
-def first_response_column(response_mask: torch.Tensor) -> int:
-    """The first column ``t`` of ``[N, L-1]`` next-token log-probs that any row trains on (the
-    position before the earliest response token); 0 when the mask is empty."""
-    columns = response_mask[:, 1:].any(dim=0).nonzero()
-    return int(columns[0]) if len(columns) else 0
-
-
-def accepts_logits_to_keep(model: torch.nn.Module) -> bool:
-    """Whether the (PEFT-unwrapped) ``transformers`` model computes logits for the last positions only."""
-    return "logits_to_keep" in inspect.signature(unwrapped(model).forward).parameters

@@ -34,7 +34,8 @@ from unirl_lightning.checks import require_at_least, require_in_range
 from unirl_lightning.lora import LoraSpec, apply_lora
 from unirl_lightning.models_diffusion import SD3FlowModel, TinyFlowModel, guided_velocity
 from unirl_lightning.modules.base import PolicyGradientModule, RolloutSpec
-from unirl_lightning.rollout.types import DiffusionBatch, DiffusionSampling
+from unirl_lightning.rollout.batches import DiffusionBatch
+from unirl_lightning.rollout.records import DiffusionSampling
 
 __all__ = ["FlowGRPOModule"]
 
@@ -51,7 +52,7 @@ class FlowGRPOModule(PolicyGradientModule):
             fine-tuning with full-weight sync.
         num_generations: images per prompt (the group size), ``>= 2``.
         num_steps / eta / sde_indices / guidance_scale: sampling (see
-            :class:`~unirl_lightning.rollout.types.DiffusionSampling`); ``eta > 0`` to train.
+            :class:`~unirl_lightning.rollout.records.DiffusionSampling`); ``eta > 0`` to train.
         lr / weight_decay / betas: AdamW.
         clip_range: PPO clip range of the per-step ratio (Flow-GRPO uses 1e-4: a step's log-prob
             is a mean over latent elements, so ratios stay very close to 1).

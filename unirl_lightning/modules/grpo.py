@@ -1,6 +1,6 @@
 """GRPOModule: group-relative policy optimisation for causal LMs, in Lightning.
 
-``training_step`` receives an :class:`~unirl_lightning.rollout.types.ExperienceBatch` (``n`` scored
+``training_step`` receives an :class:`~unirl_lightning.rollout.batches.ExperienceBatch` (``n`` scored
 completions per prompt, with behaviour log-probs and launch-time weight versions) from the
 strategy's RolloutLoop and runs, in this order: group-relative advantages -> ``ppo_epochs`` x
 mini-batches of [recompute log-probs -> PPO-clip loss (+ KL to a frozen reference) -> backward ->
@@ -20,7 +20,7 @@ from unirl_lightning.algorithms import GroupStd, group_advantages, rloo_advantag
 from unirl_lightning.checks import require_at_least, require_choice
 from unirl_lightning.modules.base import RolloutSpec
 from unirl_lightning.modules.causal_lm import CausalLMModule
-from unirl_lightning.rollout.types import ExperienceBatch
+from unirl_lightning.rollout.batches import ExperienceBatch
 
 Advantage = Literal["grpo", "dr_grpo", "rloo"]
 

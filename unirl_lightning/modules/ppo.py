@@ -1,6 +1,6 @@
 """PPOModule: actor-critic PPO with token-level GAE for causal LMs, in Lightning.
 
-``training_step`` receives an :class:`~unirl_lightning.rollout.types.ExperienceBatch` from the
+``training_step`` receives an :class:`~unirl_lightning.rollout.batches.ExperienceBatch` from the
 strategy's RolloutLoop and runs, in this order: critic values ``V(s_t)`` for every completion token ->
 the sequence's reward placed on its last completion token -> GAE advantages and returns (Schulman et
 al. 2016) -> advantage whitening over the valid tokens -> ``ppo_epochs`` x mini-batches of [recompute
@@ -33,8 +33,9 @@ from unirl_lightning.algorithms import (
 )
 from unirl_lightning.checks import require_at_least, require_in_range, require_positive
 from unirl_lightning.lora import LLM_LORA_TARGETS, apply_lora
-from unirl_lightning.modules.causal_lm import CausalLMModule, enable_gradient_checkpointing
-from unirl_lightning.rollout.types import ExperienceBatch
+from unirl_lightning.modules.causal_lm import CausalLMModule
+from unirl_lightning.modules.tokens import enable_gradient_checkpointing
+from unirl_lightning.rollout.batches import ExperienceBatch
 
 __all__ = ["PPOModule", "ValueModel"]
 

@@ -5,22 +5,11 @@ Call them through :func:`score_batch`, which checks the result and wraps failure
 :class:`RewardError`. See :mod:`unirl_lightning.rewards.base` for the contract.
 """
 
-from unirl_lightning.rewards.base import (
-    CallableReward,
-    CombinedReward,
-    ExactMatchReward,
-    FormatReward,
-    Reward,
-    RewardError,
-    import_callable,
-    is_batched_function,
-    part_name,
-    resolve_reward,
-    reward_name,
-    score_batch,
-    score_parts,
-)
+from unirl_lightning.imports import import_callable
+from unirl_lightning.rewards.base import ExactMatchReward, FormatReward, Reward, RewardError
+from unirl_lightning.rewards.callable import CallableReward, is_batched_function, resolve_reward
 from unirl_lightning.rewards.math import MathVerifyReward
+from unirl_lightning.rewards.scoring import CombinedReward, part_name, reward_name, score_batch, score_parts
 
 __all__ = [
     "CallableReward",

@@ -24,7 +24,8 @@ from typing import Any
 
 import numpy as np
 
-from unirl_lightning.rewards.base import CallableFunction, Reward
+from unirl_lightning.rewards.base import Reward
+from unirl_lightning.rewards.callable import CallableFunction
 
 __all__ = [
     "BrightnessReward",
@@ -184,7 +185,7 @@ class CallableImageReward(CallableFunction, ImageReward):
 
     Args:
         fn: the function, or its import path ``"pkg.mod:func"`` (imported in the worker, so the
-            reward pickles as a string; see :class:`~unirl_lightning.rewards.base.CallableFunction`).
+            reward pickles as a string; see :class:`~unirl_lightning.rewards.callable.CallableFunction`).
         name: for logs and errors; defaults to the path or the function's name.
 
     Example::

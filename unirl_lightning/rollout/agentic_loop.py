@@ -68,6 +68,7 @@ from unirl_lightning.envs.coordinator import EpisodeRequest, EpisodeSettings, On
 from unirl_lightning.rollout.agentic import AgenticCoordinator, AgenticRolloutController, TailPolicy, root_of
 from unirl_lightning.rollout.controller import StampedGroup
 from unirl_lightning.rollout.loop import Collate, DeferredBatch, PromptStream, step_stats
+from unirl_lightning.seeding import episode_seed
 
 __all__ = ["AgenticRolloutLoop", "AgenticSpec", "SuspendingCoordinator"]
 
@@ -126,7 +127,7 @@ class AgenticRolloutLoop:
         max_staleness / max_inflight: the staleness contract (see the module docstring).
         max_turn_staleness: the bound on the oldest turn of a trained episode (the other clock);
             None = none.
-        seed: base seed of the episodes (sibling ``k`` of group ``g``: ``seed + g * n + k``).
+        seed: base seed of the episodes (sibling ``k`` of group ``g``: ``seeding.episode_seed(seed, g, k)``).
         poll_interval_s: wait between polls while a step waits for groups.
         stall_timeout_s: a step that sees no group complete for this long raises ``TimeoutError``
             (an environment step or a generation call hangs); None = wait forever.
@@ -280,7 +281,7 @@ class AgenticRolloutLoop:
         root = f"g{index}"
         self.next_root += 1
         self.pending[root] = record
-        return [EpisodeRequest(f"{root}/{k}", record, self.seed + index * n + k) for k in range(n)]
+        return [EpisodeRequest(f"{root}/{k}", record, episode_seed(self.seed, index, k)) for k in range(n)]
 
     def _resumed(self, sample_id: str) -> EpisodeRequest:
         return EpisodeRequest(sample_id, self.pending[root_of(sample_id)])

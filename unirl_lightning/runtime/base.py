@@ -30,6 +30,7 @@ from typing import Any, ClassVar, Literal
 
 from unirl_lightning.checks import require_at_least, require_choice, require_positive
 from unirl_lightning.engines import EngineConfig, check_engine_name, resolve_engine
+from unirl_lightning.seeding import global_seed, rank_seed
 from unirl_lightning.timeline import Timeline
 
 __all__ = [
@@ -86,8 +87,6 @@ class RolloutSettings:
 
     def __post_init__(self) -> None:
         if self.seed is None:
-            from unirl_lightning.rollout.types import global_seed
-
             object.__setattr__(self, "seed", global_seed())
         check_rollout_settings(self.placement, self.max_staleness, self.max_inflight)
         if self.offload_optimizer and self.placement != "colocate":
@@ -126,8 +125,8 @@ class RolloutSettings:
     @property
     def rank_seed(self) -> int:
         """The base seed of this rank's agentic episodes (each turn's seed is a hash of its episode's,
-        ``envs.coordinator.turn_seed``); batch requests are seeded ``derive_seed(seed, rank, gen_id)``."""
-        return self.seed + self.rank * 1_000_003
+        ``seeding.turn_seed``); batch requests are seeded ``derive_seed(seed, rank, gen_id)``."""
+        return rank_seed(self.seed, self.rank)
 
 
 def rank_share(state: dict[str, Any], world_size: int, rank: int) -> dict[str, Any]:

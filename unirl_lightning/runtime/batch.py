@@ -15,8 +15,9 @@ from typing import Any
 
 from unirl_lightning.rollout.controller import BatchRolloutController
 from unirl_lightning.rollout.loop import RolloutLoop, RolloutOrder
-from unirl_lightning.rollout.types import RolloutRequest, derive_seed
+from unirl_lightning.rollout.records import RolloutRequest
 from unirl_lightning.runtime.base import RolloutRuntime
+from unirl_lightning.seeding import derive_seed
 
 __all__ = ["DIFFUSION_MAX_INFLIGHT_REASON", "SCHEDULING", "BatchRuntime", "Scheduling"]
 

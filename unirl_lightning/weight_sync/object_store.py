@@ -29,7 +29,7 @@ import ray
 import torch
 
 from unirl_lightning.checks import require_positive
-from unirl_lightning.engines.serving import is_lora_push
+from unirl_lightning.lora import is_lora_push
 from unirl_lightning.sharding import full_tensor, is_sharded
 from unirl_lightning.weight_sync.base import (
     PushTargets,

@@ -31,7 +31,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from unirl_lightning.rollout.types import RolloutRequest
+from unirl_lightning.rollout.records import RolloutRequest
 from unirl_lightning.weight_sync.buckets import PackedWeights
 
 __all__ = ["RolloutWorker"]

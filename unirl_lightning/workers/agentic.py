@@ -36,6 +36,7 @@ import ray
 from unirl_lightning.envs.base import EnvStepError
 from unirl_lightning.envs.coordinator import EpisodeRequest
 from unirl_lightning.rollout.agentic import root_of
+from unirl_lightning.seeding import eval_episode_seed
 
 __all__ = ["WorkerEpisodeCoordinator"]
 
@@ -125,7 +126,7 @@ class WorkerEpisodeCoordinator:
         """Play ``n`` episodes per record with the weights the workers hold now (read-only), spread
         over the workers; returns one group of samples per record, in order."""
         requests = [
-            EpisodeRequest(f"eval{i}/{k}", record, seed + i * n + k)
+            EpisodeRequest(f"eval{i}/{k}", record, eval_episode_seed(seed, i, k))
             for i, record in enumerate(records)
             for k in range(n)
         ]

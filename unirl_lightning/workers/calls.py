@@ -10,7 +10,8 @@ Contract:
 * Generation has a deadline: each part of a call must answer within ``generation_timeout_s``
   (scaled by the samples it asks for, the group's ``deadline_s``); a wait logs a line every
   ``log_every_s`` while it lasts.
-* Worker faults: a part whose worker died, or missed its deadline, is relaunched as it was (same
+* Worker faults: a part whose worker died, whose engine died (``engines.base.ENGINE_DEAD_ERRORS``,
+  e.g. vLLM's ``EngineDeadError``), or that missed its deadline, is relaunched as it was (same
   records, seed and gen_id, so the same launch-time version stamp) on the replacement the group
   makes (``group.replace``, which counts restarts and fails past ``max_restarts``).
 * Timeline stamps: ``result()["spans"]`` has one entry per part (``worker``, ``start``, ``end``,
@@ -28,7 +29,8 @@ from typing import Any
 
 import ray
 
-from unirl_lightning.rollout.types import Rollout, RolloutRequest
+from unirl_lightning.engines.base import is_engine_dead
+from unirl_lightning.rollout.records import Rollout, RolloutRequest
 from unirl_lightning.timeline import clamp_span
 
 __all__ = ["CallPart", "GenerationCall"]
@@ -101,6 +103,10 @@ class GenerationCall:
         except ray.exceptions.RayActorError as exc:  # the worker process died
             self._relaunch(part, f"died ({type(exc).__name__})")
             return
+        except ray.exceptions.RayTaskError as exc:
+            if is_engine_dead(exc.cause):  # the worker lives but its engine serves no more
+                self._relaunch(part, f"lost its engine ({type(exc.cause).__name__}: {exc.cause})")
+                return
         except ray.exceptions.GetTimeoutError:  # finished but not yet readable: look again later
             return
         except Exception:  # noqa: BLE001 - a failure inside the worker: result() raises it

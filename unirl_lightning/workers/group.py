@@ -31,7 +31,7 @@ from typing import Any
 
 import ray
 
-from unirl_lightning.rollout.types import RolloutRequest
+from unirl_lightning.rollout.records import RolloutRequest
 from unirl_lightning.workers.actor import RolloutWorker
 from unirl_lightning.workers.calls import GenerationCall
 from unirl_lightning.workers.cluster import ensure_ray
