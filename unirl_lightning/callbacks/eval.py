@@ -174,11 +174,13 @@ class RolloutEvalCallback(RolloutCallback):
             if self.prompts is not None:
                 from unirl_lightning.data import load_records
 
-                datamodule = trainer.datamodule
-                prompt_key = self.prompt_key or getattr(datamodule, "prompt_key", None) or "prompt"
-                answer_key = self.answer_key or getattr(datamodule, "answer_key", None) or "answer"
-                records = load_records(
-                    self.prompts, self.num_prompts, self.seed, prompt_key=prompt_key, answer_key=answer_key
+                prompt_key = self.prompt_key or getattr(trainer.datamodule, "prompt_key", None) or "prompt"
+                records = load_records(  # answer_key: resolved in setup, which runs first
+                    self.prompts,
+                    self.num_prompts,
+                    self.seed,
+                    prompt_key=prompt_key,
+                    answer_key=self.answer_key,
                 )
             elif trainer.datamodule is not None and hasattr(trainer.datamodule, "val_records"):
                 records = trainer.datamodule.val_records()
