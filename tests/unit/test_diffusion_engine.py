@@ -5,6 +5,7 @@ scoring of images, and DiffusionBatch collation."""
 from __future__ import annotations
 
 import copy
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -188,7 +189,7 @@ def test_kl_to_the_reference_is_zero_at_the_start_and_grows_when_the_policy_move
         module.ref_policy = copy.deepcopy(module.policy).requires_grad_(False)
     groups = engine.generate(request([{"prompt": ""}], n=2, num_steps=3))
     batch = DiffusionBatch.collate(groups)
-    context = module.prepare_batch(batch) | {"advantages": torch.tensor([1.0, -1.0])}
+    context = replace(module.prepare_batch(batch), advantages=torch.tensor([1.0, -1.0]))
     _, metrics = module.replay_step(batch, 0, context)
     assert metrics["kl"] < 1e-12
     generator = torch.Generator().manual_seed(0)

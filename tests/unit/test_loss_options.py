@@ -121,7 +121,7 @@ def test_the_defaults_are_todays_ppo_clip_loss_plus_the_dual_clip_metric():
     loss, metrics = module.policy_loss(batch, context)
     logp = module.sequence_logprobs(module.policy, batch)
     mask, rollout_logp = batch.response_mask[:, 1:], batch.rollout_logprobs[:, 1:]
-    expected, _ = ppo_clip_loss(logp, rollout_logp, context["advantages"], mask, 0.2, 0.2, "token-mean")
+    expected, _ = ppo_clip_loss(logp, rollout_logp, context.advantages, mask, 0.2, 0.2, "token-mean")
     assert torch.allclose(loss, expected)
     assert metrics["dual_clip_fraction"] == 0.0  # no ratio above 3 with a negative advantage
     assert {"clip_fraction", "entropy", "logp_diff_abs"} <= set(metrics)
@@ -138,7 +138,7 @@ def test_ratio_level_sequence_is_gspo():
     loss, metrics = module.policy_loss(batch, context)
     logp = module.sequence_logprobs(module.policy, batch)
     expected, expected_metrics = gspo_loss(
-        logp, batch.rollout_logprobs[:, 1:], context["advantages"], batch.response_mask[:, 1:]
+        logp, batch.rollout_logprobs[:, 1:], context.advantages, batch.response_mask[:, 1:]
     )
     assert torch.allclose(loss, expected)
     assert torch.allclose(metrics["clip_fraction"], expected_metrics["clip_fraction"])
@@ -149,7 +149,7 @@ def test_loss_cispo_is_cispo_loss_with_cispo_cap():
     loss, metrics = module.policy_loss(batch, context)
     logp = module.sequence_logprobs(module.policy, batch)
     expected, _ = cispo_loss(
-        logp, batch.rollout_logprobs[:, 1:], context["advantages"], batch.response_mask[:, 1:], 1.5
+        logp, batch.rollout_logprobs[:, 1:], context.advantages, batch.response_mask[:, 1:], 1.5
     )
     assert torch.allclose(loss, expected)
     assert "dual_clip_fraction" not in metrics
@@ -186,14 +186,14 @@ def test_without_a_bonus_the_entropy_is_logged_detached_on_the_first_mini_batch_
 def test_mask_truncated_leaves_full_budget_rows_without_a_stop_token_out_of_the_loss():
     module, batch, context = module_and_inputs(mask_truncated=True)
     assert module.truncated_rows(batch).tolist() == [True, False, False, True]
-    assert context["trained_rows"].tolist() == [False, True, True, False]
+    assert context.trained_rows.tolist() == [False, True, True, False]
     loss, _ = module.policy_loss(batch, context)
     logp = module.sequence_logprobs(module.policy, batch)
     kept = batch.response_mask[:, 1:] * torch.tensor([0.0, 1.0, 1.0, 0.0])[:, None]
-    expected, _ = ppo_clip_loss(logp, batch.rollout_logprobs[:, 1:], context["advantages"], kept)
+    expected, _ = ppo_clip_loss(logp, batch.rollout_logprobs[:, 1:], context.advantages, kept)
     assert torch.allclose(loss, expected)
     # the truncated rows still count in the group's advantages
-    assert torch.allclose(context["advantages"], group_advantages(batch.rewards, 4))
+    assert torch.allclose(context.advantages, group_advantages(batch.rewards, 4))
     perturbed = batch_of(*BATCH_ROWS)
     perturbed.rollout_logprobs[0] -= 3.0  # a truncated row: nothing changes
     assert torch.allclose(module.policy_loss(perturbed, context)[0], loss)
@@ -206,7 +206,7 @@ def test_overlong_penalty_shapes_the_rewards_before_the_group_advantages():
     context = module.prepare_batch(batch)
     # lengths 1, 2, 3, 4 against L_max 4 - buffer 2: penalties 0, 0, -0.5, -1
     shaped = torch.tensor([1.0, 1.0, 0.5, 0.0])
-    assert torch.allclose(context["advantages"], group_advantages(shaped, 4))
+    assert torch.allclose(context.advantages, group_advantages(shaped, 4))
     assert batch.stats["train/overlong_penalty_mean"] == -0.375
     assert torch.equal(batch.rewards, torch.ones(4))  # the logged reward stays the task's
 
@@ -220,9 +220,9 @@ def test_ppo_puts_the_shaped_reward_on_the_last_token_and_masks_truncated_rows_i
     context = module.prepare_batch(batch)
     last = batch.response_mask[:, 1:].cumsum(-1).argmax(-1)  # each row's last completion position
     # the critic starts at V = 0, so the return on the last token is the shaped reward
-    returns = context["returns"][torch.arange(4), last]
+    returns = context.returns[torch.arange(4), last]
     assert torch.allclose(returns, torch.tensor([1.0, 1.0, 0.5, 0.0]))
-    assert context["trained_rows"].tolist() == [True, True, True, False]
+    assert context.trained_rows.tolist() == [True, True, True, False]
     loss, metrics = module.minibatch_loss(batch, context)
     assert torch.isfinite(loss) and "vf_loss" in metrics
 
@@ -240,12 +240,12 @@ def test_sequence_mask_cap_weights_each_sequence_by_its_ratio_and_logs_the_maske
     loss, metrics = module.policy_loss(batch, context)
     assert metrics["mismatch_masked_fraction"] == 0.25
     weights, rejected = sequence_masked_importance_weights(
-        context["prox_logp"], batch.rollout_logprobs[:, 1:], mask, 2.0
+        context.prox_logp, batch.rollout_logprobs[:, 1:], mask, 2.0
     )
     assert rejected.tolist() == [False, False, True, False]
     logp = module.sequence_logprobs(module.policy, batch)
     expected, _ = ppo_clip_loss(
-        logp, context["prox_logp"], context["advantages"], mask, is_weights=weights, clip_ratio_c=3.0
+        logp, context.prox_logp, context.advantages, mask, is_weights=weights, clip_ratio_c=3.0
     )
     assert torch.allclose(loss, expected)
 

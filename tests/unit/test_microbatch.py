@@ -29,7 +29,9 @@ import torch.multiprocessing as mp
 
 from tests.builders import tiny_module
 from unirl_lightning.modules import FlowGRPOModule, GRPOModule, PPOModule
-from unirl_lightning.modules.microbatch import global_token_count, pack_rows_by_tokens, split_to_count
+from unirl_lightning.modules.context import TokenContext
+from unirl_lightning.modules.microbatch import MicroBatcher, pack_rows_by_tokens, split_to_count
+from unirl_lightning.modules.ranks import global_token_count
 from unirl_lightning.modules.tokens import row_widths
 from unirl_lightning.rollout.batches import ExperienceBatch
 from unirl_lightning.rollout.records import Rollout
@@ -106,9 +108,9 @@ def assert_same_step(reference, candidate) -> None:
         for g_ref, g in zip(step_ref, step):
             torch.testing.assert_close(g, g_ref, **TOLERANCE)
     for key in ("prox_logp", "ref_logp", "old_values", "advantages", "returns"):
-        if isinstance(context_ref.get(key), torch.Tensor):
+        if isinstance(getattr(context_ref, key, None), torch.Tensor):
             mask = a_batch().response_mask[:, 1:].bool()
-            ref, got = context_ref[key], context[key]
+            ref, got = getattr(context_ref, key), getattr(context, key)
             if ref.dim() == 2:
                 ref, got = ref[mask], got[mask]
             torch.testing.assert_close(got, ref, **TOLERANCE, msg=key)
@@ -265,10 +267,10 @@ def test_a_micro_batch_is_cut_to_its_longest_row():
     batch = a_batch()
     widths = row_widths(batch.attention_mask)
     assert widths.tolist() == batch.attention_mask.sum(dim=1).tolist()  # right-padded rows
-    parts = module.micro_batches(batch)
+    parts = module.micro_batcher.plan(batch, world=1, device="cpu")
     assert len(parts) > 1
     for rows in parts:
-        micro, _ = module.micro_view(batch, {}, rows, len(parts))
+        micro, _ = module.micro_batcher.view(batch, TokenContext(), rows, len(parts))
         assert micro.input_ids.shape[1] == int(widths[rows].max())
         assert micro.num_rows * micro.input_ids.shape[1] <= 16 or micro.num_rows == 1
 
@@ -334,9 +336,9 @@ def _dp_rank(rank: int, store_dir: str) -> None:
             module.setup("fit")  # the reference copy before the policy is wrapped
             module.policy = torch.nn.parallel.DistributedDataParallel(module.policy)
             batch = a_batch([RANK_GROUPS[rank]], first_seed=rank)
-            local = module.loss_units(batch, {})
+            local = module.loss_units(batch, TokenContext())
             total = global_token_count(local, device=module.device)
-            packed = len(module.pack_micro_batches(batch))
+            packed = len(module.micro_batcher.pack(batch))
             grads = dp_grads(module, batch)
             results.append({"local": local, "total": total, "packed": packed, "grads": grads})
         torch.save(results, os.path.join(store_dir, f"rank{rank}.pt"))
@@ -379,5 +381,6 @@ def test_one_rank_module_normaliser_is_its_own_token_count():
     batch = a_batch()
     assert module.data_parallel_size() == 1
     expected = batch.response_mask[:, 1:].sum()
-    assert float(module.loss_normalizer(batch, {})) == float(expected)
+    normalizer = MicroBatcher.normalizer(module.loss_units(batch, TokenContext()), world=1, global_mean=True)
+    assert float(normalizer) == float(expected)
     copy.deepcopy(module)  # the module stays copyable (checkpointing state, new attributes)

@@ -10,7 +10,7 @@ from pathlib import Path
 import torch
 import torch.multiprocessing as mp
 
-from unirl_lightning.modules.microbatch import mean_over_ranks
+from unirl_lightning.modules.ranks import mean_over_ranks
 
 RANK_METRICS = [
     {"rollout/reward_mean": 0.25, "train/loss": 1.0},

@@ -27,8 +27,8 @@ from unirl_lightning.checks import require_at_least, require_choice
 from unirl_lightning.cli_types import NonNegativeInt, PositiveInt
 from unirl_lightning.envs import EnvSpec, OnEnvError, resolve_environment
 from unirl_lightning.envs.coordinator import TruncatedTurn
-from unirl_lightning.modules.base import RolloutSpec
 from unirl_lightning.modules.grpo import GRPOModule
+from unirl_lightning.modules.spec import RolloutSpec
 from unirl_lightning.rollout.agentic import TailPolicy
 from unirl_lightning.rollout.agentic_loop import AgenticSpec
 

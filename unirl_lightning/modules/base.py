@@ -13,14 +13,13 @@ logging. A subclass supplies two things in the order they run: :meth:`prepare_ba
 and anything else computed once per batch, without gradients) and :meth:`minibatch_loss` (the
 loss of one mini-batch and its metrics).
 
-Micro-batches: every mini-batch may be split into micro-batches of rows (``micro_batch_rows``; a
-causal-LM module also packs rows by a token budget) whose gradients accumulate inside the one
-optimizer step. A micro-batch's loss is scaled by its share of the mini-batch's normaliser
-(:meth:`~PolicyGradientModule.loss_units` over :meth:`~PolicyGradientModule.loss_normalizer`), so
-the mini-batch's loss is exactly the sum of its micro-batches' contributions, and its metrics are
-combined as the mini-batch's would be (sums for the aggregated losses, weighted means for the
-rest, see :meth:`~PolicyGradientModule.combine_micro_metrics`). Under DDP only the last backward of
-a mini-batch reduces the gradients.
+The update reads in CleanRL's order (:meth:`~PolicyGradientModule.update`): prepare the step's
+context once, then ``ppo_epochs`` x mini-batches x micro-batches of (loss, backward), then clip, then
+step. Micro-batches are a :class:`~unirl_lightning.modules.microbatch.MicroBatcher`'s (plan, view,
+scale, combine): the mini-batch's loss, gradients and metrics whatever the cut. A subclass says what
+its loss is a mean over (:meth:`~PolicyGradientModule.loss_units`, and per metric
+:meth:`~PolicyGradientModule.metric_weight`). Under DDP only the last backward of a mini-batch
+reduces the gradients.
 
 Precision: a module whose :attr:`~PolicyGradientModule.compute_dtype` is bf16/fp16 (a causal-LM
 policy loaded in bf16) trains mixed precision: at ``setup`` every trainable parameter becomes a
@@ -35,7 +34,6 @@ import contextlib
 import copy
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -53,52 +51,13 @@ from unirl_lightning.callbacks import (
     WeightVersionLogger,
 )
 from unirl_lightning.checks import require_at_least
-from unirl_lightning.modules.microbatch import (
-    distributed_world_size,
-    max_over_ranks,
-    mean_over_ranks,
-    split_to_count,
-)
+from unirl_lightning.modules.context import StepContext
+from unirl_lightning.modules.microbatch import MicroBatch, MicroBatcher
 from unirl_lightning.modules.optim import LOW_PRECISION_DTYPES, adamw, upcast_trainable_parameters
-from unirl_lightning.rollout.agentic_loop import AgenticSpec
-from unirl_lightning.rollout.records import PolicyFamily
+from unirl_lightning.modules.ranks import distributed_world_size, mean_over_ranks
+from unirl_lightning.modules.spec import RolloutSpec
 from unirl_lightning.sharding import full_tensor
 from unirl_lightning.weight_sync.base import set_serving_dtype
-
-
-@dataclass
-class RolloutSpec:
-    """The rollout side of a module, read by the strategy.
-
-    Attributes:
-        policy: the policy spec every engine builds (``build()`` in the worker).
-        lora: the LoRA spec the trainer trains with (engines wrap the policy the same way), or None.
-        reward: scores each sample in the worker.
-        num_generations: samples per prompt (the group size).
-        sampling: the engine's sampling parameters (``SamplingParams`` / ``DiffusionSampling``).
-        collate: ``collate(groups) -> batch`` of the module's batch type.
-        family: ``"token"`` (causal LMs) or ``"diffusion"``; ``engine="auto"`` serves it with the
-            family's default engine, and the family's runtime schedules its requests
-            (:data:`unirl_lightning.runtime.batch.SCHEDULING`).
-        agentic: multi-turn episodes (:class:`~unirl_lightning.rollout.agentic_loop.AgenticSpec`:
-            environment, tail policy, environment errors); the strategy then drives an
-            :class:`~unirl_lightning.rollout.agentic_loop.AgenticRolloutLoop`. None = single-turn.
-        filter_groups: drop groups whose rewards are all equal before training and launch more
-            prompts until the step's batch is full (DAPO's dynamic sampling; batch runtime only).
-        max_filter_launches_per_step: the most extra requests one step may launch to replace
-            dropped groups; a step that needs more raises.
-    """
-
-    policy: Any
-    lora: Any
-    reward: Any
-    num_generations: int
-    sampling: Any
-    collate: Callable[[list[list[Any]]], Any]
-    family: PolicyFamily = "token"
-    agentic: AgenticSpec | None = None
-    filter_groups: bool = False
-    max_filter_launches_per_step: int = 10
 
 
 class RLModule(LightningModule):
@@ -135,33 +94,28 @@ class RLModule(LightningModule):
         return callbacks
 
 
-def select_rows(context: dict[str, Any], rows: torch.Tensor) -> dict[str, Any]:
-    """Every tensor of ``context`` restricted to ``rows`` (other values as they are)."""
-    return {k: v[rows] if isinstance(v, torch.Tensor) else v for k, v in context.items()}
-
-
 class PolicyGradientModule(RLModule):
     """Policy-gradient base: the update loop, the optimizer step, the reference policy, logging.
 
-    Args:
-        lr / weight_decay / betas: AdamW over the trainable parameters of ``self.policy`` (with
-            LoRA: the adapters).
-        ppo_epochs / mini_batches: passes over each rollout batch, and optimizer steps per pass.
+    Keyword arguments (a subclass passes its own through):
+        lr, weight_decay, betas: AdamW over the trainable parameters of ``self.policy`` (with LoRA:
+            the adapters).
+        ppo_epochs, mini_batches: passes over each rollout batch, and optimizer steps per pass.
         max_grad_norm: gradient clipping by norm through Lightning (``clip_gradients``); 0 = off.
         kl_coef: weight of a KL term to the reference policy (the initial weights; with LoRA the
             adapter-free model); 0 = no reference is kept.
-        micro_batch_rows: split every mini-batch into micro-batches of at most this many rows (every
-            forward and backward, the no-grad recomputes included), accumulating their gradients into
-            the mini-batch's one optimizer step; None = one micro-batch (the whole mini-batch). The
-            loss, the gradients and the logged metrics are those of the whole mini-batch.
+        micro_batcher: how each mini-batch is cut into micro-batches whose gradients accumulate into
+            its one optimizer step (:class:`~unirl_lightning.modules.microbatch.MicroBatcher`); the
+            default cuts nothing. The loss, the gradients and the logged metrics are the mini-batch's.
 
     A subclass sets ``self.policy`` (the trained ``nn.Module``) and ``self.lora`` in its
     ``__init__`` and implements :meth:`prepare_batch` and :meth:`minibatch_loss`; one that needs
-    several backward passes per mini-batch overrides :meth:`backward_minibatch`.
+    several backward passes per micro-batch overrides :meth:`backward_micro_batch`.
     """
 
     def __init__(
         self,
+        *,
         lr: float,
         weight_decay: float,
         betas: tuple[float, float],
@@ -169,12 +123,10 @@ class PolicyGradientModule(RLModule):
         mini_batches: int,
         max_grad_norm: float,
         kl_coef: float,
-        micro_batch_rows: int | None = None,
+        micro_batcher: MicroBatcher | None = None,
     ) -> None:
         super().__init__()
         require_at_least("lr", lr, 0)
-        if micro_batch_rows is not None:
-            require_at_least("micro_batch_rows", micro_batch_rows, 1)
         require_at_least("ppo_epochs", ppo_epochs, 1)
         require_at_least("mini_batches", mini_batches, 1)
         require_at_least("max_grad_norm", max_grad_norm, 0)
@@ -183,7 +135,7 @@ class PolicyGradientModule(RLModule):
         self.ppo_epochs, self.mini_batches = ppo_epochs, mini_batches
         self.max_grad_norm = max_grad_norm
         self.kl_coef = kl_coef
-        self.micro_batch_rows = micro_batch_rows
+        self.micro_batcher = micro_batcher or MicroBatcher()
         self.optimizer_steps_per_batch = ppo_epochs * mini_batches
         self.lora: Any = None
         self.ref_policy: torch.nn.Module | None = None
@@ -195,109 +147,84 @@ class PolicyGradientModule(RLModule):
         self._rl_steps = 0
 
     # -- what a subclass supplies ---------------------------------------------------------------
-    def prepare_batch(self, batch: Any) -> dict[str, Any]:  # pragma: no cover - abstract
+    def prepare_batch(self, batch: Any) -> StepContext:  # pragma: no cover - abstract
         """Everything computed once per batch, before any update (advantages, old log-probs, ...),
-        as tensors with one row per batch row (sliced per mini-batch by :func:`select_rows`)."""
+        with one row per batch row (a mini-batch takes its rows with ``context.select``)."""
         raise NotImplementedError
 
     def minibatch_loss(
-        self, minibatch: Any, context: dict[str, Any]
+        self, minibatch: Any, context: StepContext
     ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:  # pragma: no cover - abstract
-        """The loss of one mini-batch (with gradient) and its detached metrics."""
+        """The loss of one (micro-)batch, a mean over its :meth:`loss_units`, with gradient, and its
+        detached metrics."""
         raise NotImplementedError
 
-    def backward_minibatch(self, minibatch: Any, context: dict[str, Any]) -> dict[str, torch.Tensor]:
-        """Backward pass(es) of one mini-batch, one per micro-batch (:meth:`micro_batches`), each
-        micro-batch's loss scaled by its share of the mini-batch's normaliser; returns the mini-batch's
-        metrics, ``loss`` included (:meth:`combine_micro_metrics`)."""
-        parts = self.micro_batches(minibatch)
-        normalizer = self.loss_normalizer(minibatch, context)
-        results = []
-        for i, rows in enumerate(parts):
-            micro, micro_context = self.micro_view(minibatch, context, rows, len(parts))
-            scale = self.micro_scale(micro, micro_context, normalizer)
-            loss, metrics = self.minibatch_loss(micro, micro_context)
-            with self.gradient_sync(i == len(parts) - 1):
-                self.manual_backward(loss * scale.to(loss.dtype))
-            results.append(({**metrics, "loss": loss.detach()}, scale, micro, micro_context))
-        return self.combine_micro_metrics(results)
-
-    # -- micro-batches --------------------------------------------------------------------------
-    SUMMED_METRICS = frozenset({"loss", "pg_loss", "vf_loss"})
-    """Metrics that are aggregated losses: a mini-batch's is the sum of its micro-batches' scaled ones."""
-    MAX_METRICS = frozenset({"ratio_dev_max"})
-    """Metrics that are maxima over the rows: a mini-batch's is the largest of its micro-batches'."""
-
-    def pack_micro_batches(self, batch: Any) -> list[list[int]]:
-        """The rows of ``batch`` (indices) of each micro-batch: consecutive runs of
-        ``micro_batch_rows``, or all rows in one. A subclass may pack otherwise (by tokens)."""
-        n = batch.num_rows
-        size = self.micro_batch_rows or max(n, 1)
-        return [list(range(start, min(start + size, n))) for start in range(0, n, size)] or [[]]
-
-    def micro_batches(self, batch: Any) -> list[torch.Tensor]:
-        """Row-index tensors of the micro-batches of ``batch`` (:meth:`pack_micro_batches`). With
-        several ranks every rank gets as many micro-batches (the most any rank packed; one all-reduce,
-        made only when micro-batches are on): a sharded model all-gathers in every forward, so the
-        ranks must run the same number of them."""
-        parts = self.pack_micro_batches(batch)
-        if self.micro_batching and self.data_parallel_size() > 1:
-            parts = split_to_count(parts, max_over_ranks(len(parts), self.device))
-        device = batch.rewards.device
-        return [torch.tensor(p, dtype=torch.long, device=device) for p in parts]
-
-    @property
-    def micro_batching(self) -> bool:
-        """Whether mini-batches are split into micro-batches at all."""
-        return self.micro_batch_rows is not None
-
-    def micro_view(
-        self, batch: Any, context: dict[str, Any], rows: torch.Tensor, num_parts: int
-    ) -> tuple[Any, dict[str, Any]]:
-        """Micro-batch ``rows`` of ``batch`` with its context (the whole of them when it is the only one)."""
-        if num_parts == 1 and len(rows) == batch.num_rows:
-            return batch, context
-        return batch.select(rows), select_rows(context, rows)
-
-    def loss_units(self, batch: Any, context: dict[str, Any]) -> torch.Tensor:
+    def loss_units(self, batch: Any, context: StepContext) -> torch.Tensor:
         """What the loss of ``batch`` is a mean over (here its rows), as a float scalar tensor."""
         return torch.tensor(float(batch.num_rows), device=batch.rewards.device)
 
-    def loss_normalizer(self, minibatch: Any, context: dict[str, Any]) -> torch.Tensor:
-        """The normaliser of a mini-batch's loss, shared by its micro-batches (here its
-        :meth:`loss_units`, at least 1)."""
-        return self.loss_units(minibatch, context).clamp(min=1)
-
-    def micro_scale(self, micro: Any, context: dict[str, Any], normalizer: torch.Tensor) -> torch.Tensor:
-        """The factor of a micro-batch's loss: its :meth:`loss_units` over the mini-batch's normaliser
-        (exactly 1 for the whole mini-batch on one rank)."""
-        return (self.loss_units(micro, context) / normalizer).to(torch.float32)
-
-    def metric_weight(self, batch: Any, context: dict[str, Any], key: str) -> torch.Tensor:
-        """What metric ``key`` of ``batch`` is a mean over, to combine micro-batches (here its rows)."""
+    def metric_weight(self, batch: Any, context: StepContext, key: str) -> torch.Tensor:
+        """What metric ``key`` of ``batch`` is a mean over, to combine micro-batches (here its
+        :meth:`loss_units`)."""
         return self.loss_units(batch, context)
 
-    def combine_micro_metrics(
-        self, results: list[tuple[dict[str, torch.Tensor], torch.Tensor, Any, dict[str, Any]]]
-    ) -> dict[str, torch.Tensor]:
-        """The mini-batch's metrics from its micro-batches' ``(metrics, scale, batch, context)``: the
-        :attr:`SUMMED_METRICS` as the sum of the scaled micro-batch values (the loss that was
-        backpropagated), the :attr:`MAX_METRICS` as the largest, every other one as the mean of the
-        micro-batch values weighted by :meth:`metric_weight` (a token mean stays a token mean)."""
-        if len(results) == 1:
-            metrics, scale, _, _ = results[0]
-            return {k: v * scale if k in self.SUMMED_METRICS else v for k, v in metrics.items()}
-        combined = {}
-        for key in results[0][0]:
-            values = torch.stack([m[key].float() for m, _, _, _ in results])
-            if key in self.SUMMED_METRICS:
-                combined[key] = (values * torch.stack([s for _, s, _, _ in results])).sum()
-            elif key in self.MAX_METRICS:
-                combined[key] = values.max()
-            else:
-                weights = torch.stack([self.metric_weight(b, c, key).float() for _, _, b, c in results])
-                combined[key] = (values * weights).sum() / weights.sum().clamp(min=1)
-        return combined
+    global_loss_mean: bool = False
+    """Whether the loss is a mean over the union of the ranks' :meth:`loss_units` (the global token
+    mean) rather than over each rank's own."""
+
+    # -- the update, in CleanRL's order ---------------------------------------------------------
+    def update(self, batch: Any, context: StepContext) -> dict[str, torch.Tensor]:
+        """``ppo_epochs`` passes of ``mini_batches`` optimizer steps, each the backward of its
+        micro-batches, then clipping, then the step; returns the first mini-batch's metrics (taken
+        before any update of this step), with the gradient norm before clipping."""
+        optimizer = self.optimizers()
+        rows = torch.arange(batch.num_rows, device=batch.rewards.device)
+        first: dict[str, torch.Tensor] = {}
+        for _epoch in range(self.ppo_epochs):
+            for mb in rows.chunk(self.mini_batches):
+                optimizer.zero_grad()
+                self.first_minibatch = not first  # only its metrics are logged: costly ones only then
+                metrics = self.backward_minibatch(batch.select(mb), context.select(mb))
+                if not first:
+                    grads = [p.grad for p in self.parameters() if p.grad is not None]
+                    first = {**metrics, "grad_norm": full_tensor(torch.nn.utils.get_total_norm(grads))}
+                if self.max_grad_norm > 0:
+                    self.clip_gradients(
+                        optimizer, gradient_clip_val=self.max_grad_norm, gradient_clip_algorithm="norm"
+                    )
+                optimizer.step()
+        return first
+
+    def micro_batches(self, minibatch: Any, context: StepContext) -> list[MicroBatch]:
+        """The micro-batches of ``minibatch`` with their loss factors (:meth:`MicroBatcher.split`)."""
+        return self.micro_batcher.split(
+            minibatch,
+            context,
+            self.loss_units,
+            world=self.data_parallel_size(),
+            device=self.device,
+            global_mean=self.global_loss_mean,
+        )
+
+    def backward_minibatch(self, minibatch: Any, context: StepContext) -> dict[str, torch.Tensor]:
+        """The backward of every micro-batch of one mini-batch; returns the mini-batch's metrics,
+        ``loss`` included (:meth:`MicroBatcher.combine`)."""
+        results = [
+            (micro, self.backward_micro_batch(micro)) for micro in self.micro_batches(minibatch, context)
+        ]
+        return self.micro_batcher.combine(results, self.metric_weight)
+
+    def backward_micro_batch(self, micro: MicroBatch) -> dict[str, torch.Tensor]:
+        """One micro-batch's loss, scaled by its share of the mini-batch's normaliser, backpropagated
+        (the gradients reduced across ranks on the mini-batch's last); its metrics and loss."""
+        loss, metrics = self.minibatch_loss(micro.batch, micro.context)
+        with self.gradient_sync(micro.last):
+            self.manual_backward(loss * micro.scale.to(loss.dtype))
+        return {**metrics, "loss": loss.detach()}
+
+    def per_micro_batch(self, batch: Any, compute: Callable[[Any], torch.Tensor]) -> torch.Tensor:
+        """A no-grad per-token ``compute`` over the micro-batches of ``batch`` (:meth:`MicroBatcher.map`)."""
+        return self.micro_batcher.map(batch, compute, world=self.data_parallel_size(), device=self.device)
 
     def gradient_sync(self, enabled: bool) -> contextlib.AbstractContextManager:
         """A no-op context when ``enabled`` (or without a trainer); otherwise the strategy's
@@ -368,33 +295,12 @@ class PolicyGradientModule(RLModule):
         else:
             yield self.ref_policy
 
-    def update(self, batch: Any, context: dict[str, Any]) -> dict[str, torch.Tensor]:
-        """``ppo_epochs`` passes of ``mini_batches`` optimizer steps; returns the first mini-batch's
-        metrics (taken before any update of this step), with the gradient norm before clipping."""
-        optimizer = self.optimizers()
-        rows = torch.arange(batch.num_rows, device=batch.rewards.device)
-        first: dict[str, torch.Tensor] = {}
-        for _epoch in range(self.ppo_epochs):
-            for mb in rows.chunk(self.mini_batches):
-                optimizer.zero_grad()
-                self.first_minibatch = not first  # only its metrics are logged: costly ones only then
-                metrics = self.backward_minibatch(batch.select(mb), select_rows(context, mb))
-                if not first:
-                    grads = [p.grad for p in self.parameters() if p.grad is not None]
-                    first = {**metrics, "grad_norm": full_tensor(torch.nn.utils.get_total_norm(grads))}
-                if self.max_grad_norm > 0:
-                    self.clip_gradients(
-                        optimizer, gradient_clip_val=self.max_grad_norm, gradient_clip_algorithm="norm"
-                    )
-                optimizer.step()
-        return first
-
     def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
         start = time.perf_counter()
         context = self.prepare_batch(batch)
         first = self.update(batch, context)
         self.last_step_metrics = first  # this rank's own figures (the logged ones are means over ranks)
-        self.last_advantages = context.get("advantages")  # what the step trained on (CompletionLogger)
+        self.last_advantages = context.advantages  # what the step trained on (CompletionLogger)
         end = time.perf_counter()
         # the strategy's timeline, when it has one (duck-typed: a module never imports the strategy)
         trainer = self.attached_trainer()

@@ -21,9 +21,6 @@ Subclasses (:class:`~unirl_lightning.modules.grpo.GRPOModule`,
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
-from dataclasses import replace
-from typing import Any, Literal
 
 import torch
 
@@ -31,39 +28,32 @@ from unirl_lightning.algorithms import (
     LossAggregation,
     PolicyLoss,
     RatioLevel,
-    cispo_loss,
-    entropy_from_logits,
     kl_penalty,
     masked_mean,
     overlong_penalty,
-    ppo_clip_loss,
-    sequence_masked_importance_weights,
-    token_logprobs,
     truncated_completions,
-    truncated_importance_weights,
 )
 from unirl_lightning.algorithms.kl import KLEstimator
-from unirl_lightning.checks import require_at_least, require_choice, require_in_range
+from unirl_lightning.checks import require_at_least, require_in_range
 from unirl_lightning.lora import LLM_LORA_TARGETS, LoraSpec, apply_lora
 from unirl_lightning.models import PretrainedCausalLM, TinyCausalLM
-from unirl_lightning.modules.base import PolicyGradientModule, RolloutSpec
-from unirl_lightning.modules.loss_settings import check_loss_combination, check_mismatch_correction
-from unirl_lightning.modules.microbatch import global_token_count, pack_rows_by_tokens
+from unirl_lightning.modules.base import PolicyGradientModule
+from unirl_lightning.modules.context import TokenContext
+from unirl_lightning.modules.loss_settings import MismatchCorrection, OldLogprob, PolicyLossSettings
+from unirl_lightning.modules.microbatch import MicroBatcher
 from unirl_lightning.modules.optim import LOW_PRECISION_DTYPES
+from unirl_lightning.modules.spec import RolloutSpec
 from unirl_lightning.modules.tokens import (
     SEQUENCE_UNIT_METRICS,
-    TOKEN_FIELDS,
-    accepts_logits_to_keep,
     enable_gradient_checkpointing,
-    first_response_column,
-    row_widths,
+    sequence_logprobs,
 )
 from unirl_lightning.rewards import ExactMatchReward, Reward, resolve_reward
 from unirl_lightning.rollout.batches import ExperienceBatch
 from unirl_lightning.rollout.records import SamplingParams
 from unirl_lightning.sharding import shard_children
 
-OldLogprob = Literal["rollout", "recompute"]
+__all__ = ["CausalLMModule", "OldLogprob"]
 
 
 class CausalLMModule(PolicyGradientModule):
@@ -176,26 +166,31 @@ class CausalLMModule(PolicyGradientModule):
         gradient_checkpointing: bool = False,
     ) -> None:
         super().__init__(
-            lr, weight_decay, betas, ppo_epochs, mini_batches, max_grad_norm, kl_coef, micro_batch_rows
+            lr=lr,
+            weight_decay=weight_decay,
+            betas=betas,
+            ppo_epochs=ppo_epochs,
+            mini_batches=mini_batches,
+            max_grad_norm=max_grad_norm,
+            kl_coef=kl_coef,
+            micro_batcher=MicroBatcher(micro_batch_rows, micro_batch_tokens, token_rows=True),
         )
-        if micro_batch_tokens is not None:
-            require_at_least("micro_batch_tokens", micro_batch_tokens, 1)
-        self.micro_batch_tokens = micro_batch_tokens
         self.gradient_checkpointing = bool(gradient_checkpointing)
         require_at_least("num_generations", num_generations, 1)
         if not temperature > 0:
             raise ValueError(f"temperature must be > 0 for training rollouts, got {temperature!r}")
-        require_in_range("clip_low", clip_low, 0, 1, high_open=True)
-        require_at_least("clip_high", clip_high, 0)
-        self.loss_type = require_choice("loss", loss, PolicyLoss)
-        self.ratio_level = require_choice("ratio_level", ratio_level, RatioLevel)
-        check_loss_combination(loss, ratio_level, clip_ratio_c)
-        require_at_least("cispo_cap", cispo_cap, 1)
-        self.loss_aggregation = require_choice("loss_aggregation", loss_aggregation, LossAggregation)
-        self.kl_estimator = require_choice("kl_estimator", kl_estimator, KLEstimator)
-        require_at_least("entropy_coef", entropy_coef, 0)
-        self.old_logprob = require_choice("old_logprob", old_logprob, OldLogprob)
-        check_mismatch_correction(old_logprob, tis_cap, sequence_mask_cap)
+        self.loss_settings = PolicyLossSettings(
+            loss=loss,
+            clip_low=clip_low,
+            clip_high=clip_high,
+            clip_ratio_c=clip_ratio_c,
+            ratio_level=ratio_level,
+            cispo_cap=cispo_cap,
+            loss_aggregation=loss_aggregation,
+            kl_estimator=kl_estimator,
+            entropy_coef=entropy_coef,
+        )
+        self.correction = MismatchCorrection(old_logprob, tis_cap, sequence_mask_cap)
         require_in_range("overlong_buffer", overlong_buffer, 0, max_new_tokens)
         require_at_least("overlong_penalty", overlong_penalty, 0)
         self.save_hyperparameters(ignore=["policy", "reward", "lora"])
@@ -223,10 +218,6 @@ class CausalLMModule(PolicyGradientModule):
                 "(the prompt needs positions too): lower max_new_tokens"
             )
         self.num_generations = num_generations
-        self.clip_low, self.clip_high = clip_low, clip_high
-        self.clip_ratio_c, self.cispo_cap = clip_ratio_c, cispo_cap
-        self.entropy_coef = entropy_coef
-        self.tis_cap, self.sequence_mask_cap = tis_cap, sequence_mask_cap
         self.mask_truncated = mask_truncated
         self.overlong_buffer, self.overlong_penalty = overlong_buffer, overlong_penalty
         # what ends a completion: a full-budget completion without one of these was cut off
@@ -272,134 +263,47 @@ class CausalLMModule(PolicyGradientModule):
         entropy: bool = False,
         entropy_grad: bool = False,
     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-        """Log-prob of every next token, ``[N, L-1]``, at the sampling temperature (with
-        ``entropy=True`` also the policy's entropy at every position, detached unless
-        ``entropy_grad``).
-
-        Only positions from the batch's first response token on get logits (``logits_to_keep``
-        where the model takes it): the vocabulary projection of prompt positions, most of a real
-        model's logits (49k x width per position for SmolLM2), is never computed; earlier
-        positions read 0 (they are masked out of every loss).
-
-        The forward runs under :meth:`autocast` (a bf16 policy: bf16 logits from float32 masters);
-        the log-probs are float32 from chunked reductions, never a float32 copy of all the logits."""
-        width = batch.input_ids.shape[1]
-        start = first_response_column(batch.response_mask) if accepts_logits_to_keep(model) else 0
-        kwargs = {"logits_to_keep": width - start} if start > 0 else {}
-        with self.autocast(batch.input_ids.device.type):
-            logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, **kwargs).logits
-        # positions start .. L-1; start .. L-2 predict tokens start+1 .. L-1. The logits go in whole
-        # (a dummy token for L-1, whose result is dropped): a slice of them, even a full-range one,
-        # would make its backward allocate a zero gradient of the full [N, L, V] logits
-        if logits.shape[1] != width - start:
-            logits = logits[:, start:]
-        targets = torch.nn.functional.pad(batch.input_ids[:, start + 1 :], (0, 1))
-        logp = token_logprobs(logits, targets, self.sampling.temperature)[:, :-1]
-        if start > 0:
-            logp = torch.nn.functional.pad(logp, (start, 0))
-        if not entropy:
-            return logp
-        with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
-            ent = entropy_from_logits(logits, self.sampling.temperature)[:, :-1]
-            return logp, torch.nn.functional.pad(ent, (start, 0)) if start > 0 else ent
+        """``model``'s log-prob of every next token of ``batch``, ``[N, L-1]``, at the sampling
+        temperature, its forward under :meth:`autocast` (with ``entropy=True`` also the entropy at every
+        position, detached unless ``entropy_grad``; see
+        :func:`~unirl_lightning.modules.tokens.sequence_logprobs`)."""
+        return sequence_logprobs(
+            model, batch, self.sampling.temperature, self.autocast, entropy=entropy, entropy_grad=entropy_grad
+        )
 
     @torch.no_grad()
-    def prepare_batch(self, batch: ExperienceBatch) -> dict[str, Any]:
+    def prepare_batch(self, batch: ExperienceBatch) -> TokenContext:
         """The trainer's log-probs before this step (``old_logprob="recompute"``), the reference's
-        (with a KL term) and, with ``mask_truncated``, the rows the loss keeps (``trained_rows``); a
-        subclass adds ``advantages`` (from :meth:`sequence_rewards`). The forwards run a micro-batch
-        at a time (:meth:`per_micro_batch`)."""
-        context: dict[str, Any] = {"prox_logp": None, "ref_logp": None}
-        if self.old_logprob == "recompute":
-            context["prox_logp"] = self.per_micro_batch(
-                batch, lambda b: self.sequence_logprobs(self.policy, b)
-            )
+        (with a KL term) and, with ``mask_truncated``, the rows the loss keeps; a subclass adds the
+        ``advantages`` (from :meth:`sequence_rewards`). The forwards run a micro-batch at a time."""
+        context = TokenContext()
+        if self.correction.recompute:
+            context.prox_logp = self.per_micro_batch(batch, lambda b: self.sequence_logprobs(self.policy, b))
         if self.kl_coef > 0:
             with self.reference_policy() as reference:
-                context["ref_logp"] = self.per_micro_batch(
-                    batch, lambda b: self.sequence_logprobs(reference, b)
-                )
+                context.ref_logp = self.per_micro_batch(batch, lambda b: self.sequence_logprobs(reference, b))
         if self.mask_truncated:
-            context["trained_rows"] = ~self.truncated_rows(batch)
+            context.trained_rows = ~self.truncated_rows(batch)
         return context
 
-    # -- micro-batches --------------------------------------------------------------------------
+    # -- what the loss is a mean over -----------------------------------------------------------
     @property
-    def micro_batching(self) -> bool:
-        return self.micro_batch_tokens is not None or self.micro_batch_rows is not None
+    def global_loss_mean(self) -> bool:  # type: ignore[override]
+        """``"token-mean"`` is the global token mean over the data-parallel ranks."""
+        return self.loss_settings.token_mean
 
-    def pack_micro_batches(self, batch: ExperienceBatch) -> list[list[int]]:
-        """Rows packed by ``micro_batch_tokens`` (:func:`~unirl_lightning.modules.microbatch.pack_rows_by_tokens`
-        over each row's width), or in runs of ``micro_batch_rows``."""
-        if self.micro_batch_tokens is None:
-            return super().pack_micro_batches(batch)
-        widths = row_widths(batch.attention_mask).tolist()
-        return pack_rows_by_tokens(widths, self.micro_batch_tokens, self.micro_batch_rows)
-
-    def micro_view(
-        self, batch: ExperienceBatch, context: dict[str, Any], rows: torch.Tensor, num_parts: int
-    ) -> tuple[ExperienceBatch, dict[str, Any]]:
-        """Micro-batch ``rows``, cut to its longest row: the ``[B, L]`` batch tensors to its width ``w``,
-        the per-token ``[B, L-1]`` context tensors to ``w - 1`` columns (rows are right-padded: only
-        padding is cut, and causal attention makes every kept position's result the same)."""
-        micro, micro_context = super().micro_view(batch, context, rows, num_parts)
-        if micro is batch:
-            return micro, micro_context
-        full = batch.input_ids.shape[1]
-        width = max(int(row_widths(micro.attention_mask).max()), min(2, full)) if micro.num_rows else full
-        if width == full:
-            return micro, micro_context
-        cut = {name: getattr(micro, name)[:, :width] for name in TOKEN_FIELDS}
-        cut_context = {
-            k: v[:, : width - 1]
-            if isinstance(v, torch.Tensor) and v.dim() >= 2 and v.shape[1] == full - 1
-            else v
-            for k, v in micro_context.items()
-        }
-        return replace(micro, **cut), cut_context
-
-    def per_micro_batch(
-        self, batch: ExperienceBatch, compute: Callable[[ExperienceBatch], torch.Tensor]
-    ) -> torch.Tensor:
-        """``compute`` (a per-token ``[b, w-1]`` result, no gradient) over the micro-batches of
-        ``batch``, put together as ``[N, L-1]`` (zero past a micro-batch's width: padding)."""
-        parts = self.micro_batches(batch)
-        if len(parts) == 1:
-            return compute(batch)
-        out: torch.Tensor | None = None
-        for rows in parts:
-            micro, _ = self.micro_view(batch, {}, rows, len(parts))
-            value = compute(micro)
-            if out is None:
-                shape = (batch.num_rows, batch.input_ids.shape[1] - 1, *value.shape[2:])
-                out = value.new_zeros(shape)
-            out[rows.to(out.device), : value.shape[1]] = value
-        return out
-
-    def loss_units(self, batch: ExperienceBatch, context: dict[str, Any]) -> torch.Tensor:
+    def loss_units(self, batch: ExperienceBatch, context: TokenContext) -> torch.Tensor:
         """``"token-mean"``: the loss tokens of ``batch``; ``"seq-mean-*"``: its rows."""
-        if self.loss_aggregation == "token-mean":
+        if self.loss_settings.token_mean:
             return self.loss_mask(batch, context).bool().sum().float()
         return super().loss_units(batch, context)
 
-    def loss_normalizer(self, minibatch: ExperienceBatch, context: dict[str, Any]) -> torch.Tensor:
-        """``"token-mean"``: the mini-batch's loss tokens summed over the data-parallel ranks (one
-        all-reduce on the module's device, :func:`~unirl_lightning.modules.microbatch.global_token_count`),
-        over the world size: each rank's loss is then its token sum over the global count times the
-        world size, which DDP / FSDP2's gradient averaging turns into the global token mean. One rank,
-        or ``"seq-mean-*"``: the mini-batch's own :meth:`loss_units`."""
-        world = self.data_parallel_size()
-        if self.loss_aggregation != "token-mean" or world == 1:
-            return super().loss_normalizer(minibatch, context)
-        tokens = global_token_count(self.loss_units(minibatch, context), device=self.device)
-        return tokens.clamp(min=1) / world
-
-    def metric_weight(self, batch: ExperienceBatch, context: dict[str, Any], key: str) -> torch.Tensor:
+    def metric_weight(self, batch: ExperienceBatch, context: TokenContext, key: str) -> torch.Tensor:
         """Token metrics weigh by the loss tokens; the per-sequence ones (``mismatch_masked_fraction``,
         and the ratio and clip figures at ``ratio_level="sequence"``) by the rows with a loss token."""
         mask = self.loss_mask(batch, context).bool()
         if key == "mismatch_masked_fraction" or (
-            self.ratio_level == "sequence" and key in SEQUENCE_UNIT_METRICS
+            self.loss_settings.ratio_level == "sequence" and key in SEQUENCE_UNIT_METRICS
         ):
             return mask.any(dim=-1).sum().float()
         return mask.sum().float()
@@ -429,98 +333,46 @@ class CausalLMModule(PolicyGradientModule):
         batch.stats["train/overlong_penalty_mean"] = float(penalty.mean())
         return batch.rewards + penalty.to(batch.rewards.dtype)
 
-    def loss_mask(self, minibatch: ExperienceBatch, context: dict[str, Any]) -> torch.Tensor:
+    def loss_mask(self, minibatch: ExperienceBatch, context: TokenContext) -> torch.Tensor:
         """``[B, L-1]`` the tokens a loss is taken over: the trained completion tokens of the rows the
         context keeps (all rows unless ``mask_truncated``)."""
         mask = minibatch.response_mask[:, 1:]
-        if context.get("trained_rows") is not None:
-            mask = mask * context["trained_rows"].unsqueeze(-1)
+        if context.trained_rows is not None:
+            mask = mask * context.trained_rows.unsqueeze(-1)
         return mask
 
     # -- the loss -------------------------------------------------------------------------------
-    def mismatch_weights(
-        self, prox_logp: torch.Tensor | None, rollout_logp: torch.Tensor, mask: torch.Tensor
-    ) -> tuple[torch.Tensor | None, dict[str, torch.Tensor]]:
-        """The importance weights for the rollout/trainer mismatch (``tis_cap``: per token, truncated;
-        ``sequence_mask_cap``: per sequence, masked outside the band), or None; with their metrics."""
-        if self.tis_cap is not None:  # pi_trainer / pi_rollout, truncated (TIS)
-            return truncated_importance_weights(prox_logp, rollout_logp, mask, self.tis_cap), {}
-        if self.sequence_mask_cap is not None:
-            weights, rejected = sequence_masked_importance_weights(
-                prox_logp, rollout_logp, mask, self.sequence_mask_cap
-            )
-            return weights, {
-                "mismatch_masked_fraction": masked_mean(rejected.float(), mask.bool().any(dim=-1))
-            }
-        return None, {}
-
-    def surrogate_loss(
-        self,
-        logp: torch.Tensor,
-        old_logp: torch.Tensor,
-        advantages: torch.Tensor,
-        mask: torch.Tensor,
-        is_weights: torch.Tensor | None,
-        token_penalty: torch.Tensor | None,
-    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-        """The configured policy loss (``loss``, ``ratio_level``, clipping) with its metrics."""
-        if self.loss_type == "cispo":
-            return cispo_loss(
-                logp,
-                old_logp,
-                advantages,
-                mask,
-                self.cispo_cap,
-                self.loss_aggregation,
-                is_weights,
-                max_tokens=self.sampling.max_new_tokens,
-                token_penalty=token_penalty,
-            )
-        return ppo_clip_loss(
-            logp,
-            old_logp,
-            advantages,
-            mask,
-            self.clip_low,
-            self.clip_high,
-            self.loss_aggregation,
-            is_weights,
-            max_tokens=self.sampling.max_new_tokens,
-            token_penalty=token_penalty,
-            clip_ratio_c=self.clip_ratio_c,
-            ratio_level=self.ratio_level,
-        )
-
     def policy_loss(
-        self, minibatch: ExperienceBatch, context: dict[str, Any]
+        self, minibatch: ExperienceBatch, context: TokenContext
     ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """Policy loss (+ ``kl_coef`` x per-token KL to the reference - ``entropy_coef`` x entropy) of
         one mini-batch, with its metrics.
 
-        ``context["advantages"]`` are per row ``[B]`` or per token ``[B, L-1]``; ``prox_logp``,
+        ``context.advantages`` are per row ``[B]`` or per token ``[B, L-1]``; ``prox_logp``,
         ``ref_logp`` and ``trained_rows`` are this mini-batch's rows, or None.
         """
         mask = self.loss_mask(minibatch, context)
         rollout_logp = minibatch.rollout_logprobs[:, 1:]
-        prox_logp, ref_logp = context["prox_logp"], context["ref_logp"]
+        prox_logp, ref_logp = context.prox_logp, context.ref_logp
+        settings = self.loss_settings
         entropy = None
-        if self.entropy_coef > 0:  # the bonus: the entropy with its gradient, on every mini-batch
+        if settings.entropy_coef > 0:  # the bonus: the entropy with its gradient, on every mini-batch
             logp, entropy = self.sequence_logprobs(self.policy, minibatch, entropy=True, entropy_grad=True)
         elif self.first_minibatch:  # the logged mini-batch: the entropy too (a pass over the vocabulary)
             logp, entropy = self.sequence_logprobs(self.policy, minibatch, entropy=True)
         else:
             logp = self.sequence_logprobs(self.policy, minibatch)
         old_logp = rollout_logp if prox_logp is None else prox_logp
-        is_weights, mismatch_metrics = self.mismatch_weights(prox_logp, rollout_logp, mask)
-        kl = None if ref_logp is None else kl_penalty(logp, ref_logp, self.kl_estimator, mask=mask)
+        is_weights, mismatch_metrics = self.correction.weights(prox_logp, rollout_logp, mask)
+        kl = None if ref_logp is None else kl_penalty(logp, ref_logp, settings.kl_estimator, mask=mask)
         # KL and entropy are added per token before aggregation (TRL, verl), so every aggregation
         # weighs them like the policy term
         token_penalty = None if kl is None else self.kl_coef * kl
-        if self.entropy_coef > 0:
-            bonus = -self.entropy_coef * entropy
+        if settings.entropy_coef > 0:
+            bonus = -settings.entropy_coef * entropy
             token_penalty = bonus if token_penalty is None else token_penalty + bonus
-        loss, metrics = self.surrogate_loss(
-            logp, old_logp, context["advantages"], mask, is_weights, token_penalty
+        loss, metrics = settings.surrogate(
+            logp, old_logp, context.advantages, mask, is_weights, token_penalty, self.sampling.max_new_tokens
         )
         metrics.update(mismatch_metrics)
         metrics["logp_diff_abs"] = masked_mean((logp.detach() - rollout_logp).abs(), mask)

@@ -33,7 +33,10 @@ from unirl_lightning.callbacks import SampleImageLogger
 from unirl_lightning.checks import require_at_least, require_in_range
 from unirl_lightning.lora import LoraSpec, apply_lora
 from unirl_lightning.models_diffusion import SD3FlowModel, TinyFlowModel, guided_velocity
-from unirl_lightning.modules.base import PolicyGradientModule, RolloutSpec
+from unirl_lightning.modules.base import PolicyGradientModule
+from unirl_lightning.modules.context import FlowContext
+from unirl_lightning.modules.microbatch import MicroBatch, MicroBatcher
+from unirl_lightning.modules.spec import RolloutSpec
 from unirl_lightning.rollout.batches import DiffusionBatch
 from unirl_lightning.rollout.records import DiffusionSampling
 
@@ -100,7 +103,14 @@ class FlowGRPOModule(PolicyGradientModule):
         micro_batch_rows: int | None = None,
     ) -> None:
         super().__init__(
-            lr, weight_decay, betas, ppo_epochs, mini_batches, max_grad_norm, kl_coef, micro_batch_rows
+            lr=lr,
+            weight_decay=weight_decay,
+            betas=betas,
+            ppo_epochs=ppo_epochs,
+            mini_batches=mini_batches,
+            max_grad_norm=max_grad_norm,
+            kl_coef=kl_coef,
+            micro_batcher=MicroBatcher(max_rows=micro_batch_rows),
         )
         require_at_least("num_generations", num_generations, 2)
         self.sampling = DiffusionSampling(
@@ -176,29 +186,28 @@ class FlowGRPOModule(PolicyGradientModule):
         generator = torch.Generator().manual_seed(self.global_step)
         return sorted(torch.randperm(num_steps, generator=generator)[:count].tolist())
 
-    def prepare_batch(self, batch: DiffusionBatch) -> dict[str, Any]:
+    def prepare_batch(self, batch: DiffusionBatch) -> FlowContext:
         """Clipped group advantages, the conditioning of every row, and the SDE steps trained on."""
         # flow_grpo normalises by the population std (np.std)
         advantages = group_advantages(batch.rewards, batch.group_size, normalize="std", std="population")
-        context: dict[str, Any] = {
-            "advantages": advantages.clamp(-self.adv_clip_max, self.adv_clip_max),
-            "train_steps": self._train_steps(batch.log_probs.shape[1]),
-        }
-        for key, value in self.pipeline.encode(batch.records, self.device).items():
-            context[f"cond.{key}"] = value
+        null = None
         if batch.guidance_scale != 1.0:
-            for key, value in self.pipeline.encode_null(batch.num_rows, self.device).items():
-                context[f"null.{key}"] = value
-        return context
+            null = self.pipeline.encode_null(batch.num_rows, self.device)
+        return FlowContext(
+            advantages=advantages.clamp(-self.adv_clip_max, self.adv_clip_max),
+            train_steps=self._train_steps(batch.log_probs.shape[1]),
+            cond=self.pipeline.encode(batch.records, self.device),
+            null=null,
+        )
 
-    def _velocity(self, denoiser, batch: DiffusionBatch, step: int, context: dict[str, Any]) -> torch.Tensor:
-        cond = {k.removeprefix("cond."): v for k, v in context.items() if k.startswith("cond.")}
-        null = {k.removeprefix("null."): v for k, v in context.items() if k.startswith("null.")} or None
+    def _velocity(self, denoiser, batch: DiffusionBatch, step: int, context: FlowContext) -> torch.Tensor:
         latents, sigma = batch.latents[:, step], batch.sigmas[:, step]
-        return guided_velocity(self.pipeline, denoiser, latents, sigma, cond, null, batch.guidance_scale)
+        return guided_velocity(
+            self.pipeline, denoiser, latents, sigma, context.cond, context.null or None, batch.guidance_scale
+        )
 
     def replay_step(
-        self, batch: DiffusionBatch, step: int, context: dict[str, Any]
+        self, batch: DiffusionBatch, step: int, context: FlowContext
     ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """Recompute recorded step ``step`` of every row with the trainer's weights; return (loss, metrics)."""
         latents, next_latents = batch.latents[:, step], batch.next_latents[:, step]
@@ -212,7 +221,7 @@ class FlowGRPOModule(PolicyGradientModule):
         loss, metrics = ppo_clip_loss(
             logp[:, None],
             old_logp[:, None],
-            context["advantages"],
+            context.advantages,
             every_row,
             self.clip_range,
             self.clip_range,
@@ -233,27 +242,17 @@ class FlowGRPOModule(PolicyGradientModule):
             metrics["kl"] = kl.detach()
         return loss, metrics
 
-    def backward_minibatch(
-        self, minibatch: DiffusionBatch, context: dict[str, Any]
-    ) -> dict[str, torch.Tensor]:
-        """One backward per trained SDE step and micro-batch (memory stays that of one denoiser call
-        on a micro-batch), each scaled by the micro-batch's share of the mini-batch's rows; the
-        metrics are averaged over the steps, ``ratio_dev_max`` is their maximum, and the
-        micro-batches' are combined as the mini-batch's (:meth:`combine_micro_metrics`)."""
-        steps = context["train_steps"]
-        parts = self.micro_batches(minibatch)
-        normalizer = self.loss_normalizer(minibatch, context)
-        results = []
-        for i, rows in enumerate(parts):
-            micro, micro_context = self.micro_view(minibatch, context, rows, len(parts))
-            scale = self.micro_scale(micro, micro_context, normalizer)
-            per_step = []
-            for j, step in enumerate(steps):
-                loss, metrics = self.replay_step(micro, step, micro_context)
-                with self.gradient_sync(i == len(parts) - 1 and j == len(steps) - 1):
-                    self.manual_backward(loss * scale.to(loss.dtype) / len(steps))
-                per_step.append({**metrics, "loss": loss.detach()})
-            merged = {k: torch.stack([m[k] for m in per_step]).mean() for k in per_step[0]}
-            merged["ratio_dev_max"] = torch.stack([m["ratio_dev_max"] for m in per_step]).max()
-            results.append((merged, scale, micro, micro_context))
-        return self.combine_micro_metrics(results)
+    def backward_micro_batch(self, micro: MicroBatch) -> dict[str, torch.Tensor]:
+        """One backward per trained SDE step (memory stays that of one denoiser call on a
+        micro-batch), each scaled by the micro-batch's share of the mini-batch's rows over the step
+        count; the metrics are averaged over the steps, ``ratio_dev_max`` is their maximum."""
+        steps = micro.context.train_steps
+        per_step = []
+        for j, step in enumerate(steps):
+            loss, metrics = self.replay_step(micro.batch, step, micro.context)
+            with self.gradient_sync(micro.last and j == len(steps) - 1):
+                self.manual_backward(loss * micro.scale.to(loss.dtype) / len(steps))
+            per_step.append({**metrics, "loss": loss.detach()})
+        merged = {k: torch.stack([m[k] for m in per_step]).mean() for k in per_step[0]}
+        merged["ratio_dev_max"] = torch.stack([m["ratio_dev_max"] for m in per_step]).max()
+        return merged

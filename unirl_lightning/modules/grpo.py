@@ -18,8 +18,9 @@ import torch
 
 from unirl_lightning.algorithms import GroupStd, group_advantages, rloo_advantages
 from unirl_lightning.checks import require_at_least, require_choice
-from unirl_lightning.modules.base import RolloutSpec
 from unirl_lightning.modules.causal_lm import CausalLMModule
+from unirl_lightning.modules.context import TokenContext
+from unirl_lightning.modules.spec import RolloutSpec
 from unirl_lightning.rollout.batches import ExperienceBatch
 
 Advantage = Literal["grpo", "dr_grpo", "rloo"]
@@ -96,12 +97,12 @@ class GRPOModule(CausalLMModule):
             return group_advantages(rewards, group_size, normalize="mean")
         return group_advantages(rewards, group_size, normalize="std", std=self.advantage_std)
 
-    def prepare_batch(self, batch: ExperienceBatch) -> dict[str, Any]:
+    def prepare_batch(self, batch: ExperienceBatch) -> TokenContext:
         context = super().prepare_batch(batch)
-        context["advantages"] = self.compute_advantages(self.sequence_rewards(batch), batch.group_size)
+        context.advantages = self.compute_advantages(self.sequence_rewards(batch), batch.group_size)
         return context
 
     def minibatch_loss(
-        self, minibatch: ExperienceBatch, context: dict[str, Any]
+        self, minibatch: ExperienceBatch, context: TokenContext
     ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         return self.policy_loss(minibatch, context)

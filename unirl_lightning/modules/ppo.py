@@ -34,6 +34,7 @@ from unirl_lightning.algorithms import (
 from unirl_lightning.checks import require_at_least, require_in_range, require_positive
 from unirl_lightning.lora import LLM_LORA_TARGETS, apply_lora
 from unirl_lightning.modules.causal_lm import CausalLMModule
+from unirl_lightning.modules.context import PPOContext
 from unirl_lightning.modules.tokens import enable_gradient_checkpointing
 from unirl_lightning.rollout.batches import ExperienceBatch
 
@@ -150,8 +151,8 @@ class PPOModule(CausalLMModule):
         return values[:, :-1]
 
     @torch.no_grad()
-    def prepare_batch(self, batch: ExperienceBatch) -> dict[str, Any]:
-        context = super().prepare_batch(batch)
+    def prepare_batch(self, batch: ExperienceBatch) -> PPOContext:
+        context = PPOContext(**vars(super().prepare_batch(batch)))
         mask = batch.response_mask[:, 1:]
         old_values = self.per_micro_batch(batch, self.token_values)  # a micro-batch at a time
         # one score per sequence (with the overlong penalty if any), on its last token
@@ -161,19 +162,20 @@ class PPOModule(CausalLMModule):
             advantages = masked_whiten(advantages, mask)
         batch.stats["train/value_mean"] = float(masked_mean(old_values, mask))  # logged with the step
         batch.stats["train/explained_variance"] = float(explained_variance(old_values, returns, mask))
-        return {**context, "advantages": advantages, "old_values": old_values, "returns": returns}
+        context.advantages, context.old_values, context.returns = advantages, old_values, returns
+        return context
 
     def minibatch_loss(
-        self, minibatch: ExperienceBatch, context: dict[str, Any]
+        self, minibatch: ExperienceBatch, context: PPOContext
     ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         policy_loss, metrics = self.policy_loss(minibatch, context)
         vf_loss, vf_clip_fraction = clipped_value_loss(
             self.token_values(minibatch),
-            context["old_values"],
-            context["returns"],
+            context.old_values,
+            context.returns,
             self.loss_mask(minibatch, context),
             self.value_clip,
-            self.loss_aggregation,
+            self.loss_settings.loss_aggregation,
             max_tokens=self.sampling.max_new_tokens,
         )
         metrics.update(vf_loss=vf_loss.detach(), vf_clip_fraction=vf_clip_fraction)
