@@ -12,11 +12,10 @@ JSON line; writes benchmarks/results/async_vs_sync.json.
 
 from __future__ import annotations
 
-import argparse
-import json
 import time
-from pathlib import Path
+from typing import Any
 
+import common
 import torch
 from lightning.pytorch import Callback, Trainer, seed_everything
 
@@ -47,27 +46,28 @@ class Clock(Callback):
             )
 
 
-def run(mode: str, args: argparse.Namespace) -> dict[str, float]:
+def run_mode(mode: str, config: dict[str, Any]) -> dict[str, float]:
+    """One fit of ``config["steps"]`` timed steps, ``sync`` or ``async``."""
     seed_everything(0)
     staleness, inflight = (0, 1) if mode == "sync" else (1, 2)
-    clock = Clock(args.warmup)
+    clock = Clock(config["warmup"])
     strategy = AsyncRolloutStrategy(max_staleness=staleness, max_inflight=inflight)
     module = GRPOModule(
         policy=TinyCausalLM(
-            hidden_size=args.hidden,
-            num_layers=args.layers,
+            hidden_size=config["hidden"],
+            num_layers=config["layers"],
             num_heads=4,
-            intermediate_size=2 * args.hidden,
+            intermediate_size=2 * config["hidden"],
             max_position_embeddings=128,
         ),
         reward=ExactMatchReward(),
-        num_generations=args.group,
-        max_new_tokens=args.max_new_tokens,
+        num_generations=config["group"],
+        max_new_tokens=config["max_new_tokens"],
         lr=1e-3,
     )
     trainer = Trainer(
         strategy=strategy,
-        max_steps=args.steps + args.warmup,
+        max_steps=config["steps"] + config["warmup"],
         callbacks=[WeightSyncCallback(), clock],
         logger=False,
         enable_checkpointing=False,
@@ -75,7 +75,9 @@ def run(mode: str, args: argparse.Namespace) -> dict[str, float]:
         enable_model_summary=False,
         limit_val_batches=0,
     )
-    data = PromptDataModule(train="digit_successor", batch_size=args.batch, task_kwargs={"prefix_len": 8})
+    data = PromptDataModule(
+        train="digit_successor", batch_size=config["batch"], task_kwargs={"prefix_len": 8}
+    )
     trainer.fit(module, datamodule=data)
     strategy.shutdown()
     steps = len(clock.metrics)
@@ -95,28 +97,10 @@ def run(mode: str, args: argparse.Namespace) -> dict[str, float]:
     }
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument("--steps", type=int, default=30)
-    parser.add_argument("--warmup", type=int, default=3)
-    parser.add_argument("--hidden", type=int, default=64)
-    parser.add_argument("--layers", type=int, default=4)
-    parser.add_argument("--max-new-tokens", type=int, default=16)
-    parser.add_argument("--batch", type=int, default=16, help="prompts per step")
-    parser.add_argument("--group", type=int, default=8, help="samples per prompt")
-    parser.add_argument("--out", default=str(Path(__file__).parent / "results" / "async_vs_sync.json"))
-    args = parser.parse_args()
+def run(config: dict[str, Any]) -> dict[str, Any]:
+    """Sync then async on one torch thread; the summary (speedup, overlap) and both runs."""
     torch.set_num_threads(1)
-    results = {mode: run(mode, args) for mode in ("sync", "async")}
-    header = f"{'mode':<6} {'steps/s':>8} {'generate s':>11} {'train s':>8} {'sync s':>7} {'wait s':>7} {'overlap':>8}"
-    print(header)
-    for mode, r in results.items():
-        print(
-            f"{mode:<6} {r['steps_per_s']:>8.3f} {r['generate_s']:>11.3f} {r['train_s']:>8.3f} {r['sync_s']:>7.3f} "
-            f"{r['wait_s']:>7.3f} {r['overlap']:>8.2f}"
-        )
+    results = {mode: run_mode(mode, config) for mode in ("sync", "async")}
     summary = {
         "sync_steps_per_s": round(results["sync"]["steps_per_s"], 4),
         "async_steps_per_s": round(results["async"]["steps_per_s"], 4),
@@ -124,12 +108,32 @@ def main() -> None:
         "overlap": round(results["async"]["overlap"], 3),
         "generate_s": round(results["async"]["generate_s"], 4),
         "train_s": round(results["async"]["train_s"], 4),
-        "steps": args.steps,
-        "config": vars(args) | {"out": None},
+        "steps": config["steps"],
+        "config": config | {"out": None},
     }
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps({"summary": summary, "runs": results}, indent=2) + "\n")
-    print(json.dumps(summary))
+    return {"summary": summary, "runs": results}
+
+
+def main() -> None:
+    parser = common.script_parser(__doc__)
+    parser.add_argument("--steps", type=int, default=30)
+    parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--hidden", type=int, default=64)
+    parser.add_argument("--layers", type=int, default=4)
+    parser.add_argument("--max-new-tokens", type=int, default=16)
+    parser.add_argument("--batch", type=int, default=16, help="prompts per step")
+    parser.add_argument("--group", type=int, default=8, help="samples per prompt")
+    parser.add_argument("--out", default=str(common.results_path("async_vs_sync")))
+    config = common.parse_config(parser)
+    record = run(config)
+    header = f"{'mode':<6} {'steps/s':>8} {'generate s':>11} {'train s':>8} {'sync s':>7} {'wait s':>7} {'overlap':>8}"
+    print(header)
+    for mode, r in record["runs"].items():
+        print(
+            f"{mode:<6} {r['steps_per_s']:>8.3f} {r['generate_s']:>11.3f} {r['train_s']:>8.3f} {r['sync_s']:>7.3f} "
+            f"{r['wait_s']:>7.3f} {r['overlap']:>8.2f}"
+        )
+    common.finish(record, config["out"], record["summary"])
 
 
 if __name__ == "__main__":

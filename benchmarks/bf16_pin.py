@@ -15,20 +15,15 @@ Writes ``benchmarks/results/bf16_pin.json`` and prints one line per step.
 from __future__ import annotations
 
 import json
-import sys
 import time
-from pathlib import Path
+from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from common import RESULTS, machine, quiet, script_parser  # noqa: E402
+import common
 
 
-def main() -> None:
-    parser = script_parser(__doc__)
-    parser.add_argument("--steps", type=int, default=3)
-    args = parser.parse_args()
-    quiet()
+def run(config: dict[str, Any]) -> dict[str, Any]:
+    """``config["steps"]`` synchronous bf16 steps; the per-step pin figures and their maxima."""
+    common.quiet()
     import torch
     from lightning.pytorch import Callback, Trainer
 
@@ -70,7 +65,7 @@ def main() -> None:
     data = PromptDataModule(train="word_problems", task_kwargs={"difficulty": "easy"}, batch_size=2)
     trainer = Trainer(
         strategy=AsyncRolloutStrategy(max_staleness=0, max_inflight=1),
-        max_steps=args.steps,
+        max_steps=config["steps"],
         logger=False,
         enable_checkpointing=False,
         enable_progress_bar=False,
@@ -79,16 +74,20 @@ def main() -> None:
     start = time.perf_counter()
     trainer.fit(module, datamodule=data)
     trainer.strategy.shutdown()
-    result = {
-        "machine": machine(),
+    return {
+        "machine": common.machine(),
         "wall_s": time.perf_counter() - start,
         "steps": steps,
         "max_abs_ratio_minus_1": max(abs(s["ratio_mean"] - 1) for s in steps),
         "max_logp_diff_abs": max(s["logp_diff_abs"] for s in steps),
     }
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / "bf16_pin.json").write_text(json.dumps(result, indent=2))
-    print(json.dumps({k: v for k, v in result.items() if k != "steps" and k != "machine"}))
+
+
+def main() -> None:
+    parser = common.script_parser(__doc__)
+    parser.add_argument("--steps", type=int, default=3)
+    result = run(common.parse_config(parser))
+    common.finish(result, "bf16_pin", {k: v for k, v in result.items() if k not in ("steps", "machine")})
 
 
 if __name__ == "__main__":

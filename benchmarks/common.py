@@ -1,34 +1,41 @@
-"""What the side-by-side benchmarks share (``vs_trl.py``, ``time_to_accuracy.py``, ``step_overhead.py``).
+"""What every benchmark shares: its arguments, its child processes, its results file and its figures.
 
-* :func:`run_child` runs one configuration in a fresh Python process (torch threads and Ray start
-  fresh) and reads back the ``RESULT {json}`` line it prints last.
-* :func:`build_model_dir` builds the random-init tiny Llama once, with a fixed seed, and saves it
-  (``save_pretrained``, model + the library's character tokenizer) so that both sides load the same
-  weights: ours through ``PretrainedCausalLM(name_or_path=dir, dtype="float32")``, TRL through
+* Arguments: :func:`script_parser` (a parser that knows the hidden ``--child <json>`` flag) and
+  :func:`parse_config` (the parsed flags as the config ``run(config)`` takes; with ``--child`` it runs
+  the script's child function in this process instead and prints its result).
+* Child processes: :func:`run_child` runs one configuration as ``python <script> --child <json>`` in a
+  fresh process (torch threads and Ray start fresh) and reads back the ``RESULT {json}`` line
+  (:func:`emit`) it prints last.
+* Results: :func:`write_results` writes ``benchmarks/results/<name>.json`` (or a given ``--out``);
+  :func:`finish` writes it and prints the final JSON line.
+* Figures: :func:`pyplot` (matplotlib without a display), :func:`save_figure`, :func:`bars`.
+* The side-by-side benchmarks' shared pieces: :func:`build_model_dir` builds the random-init tiny
+  Llama once, with a fixed seed, and saves it (``save_pretrained``, model + the library's character
+  tokenizer) so that both sides load the same weights: ours through
+  ``PretrainedCausalLM(name_or_path=dir, dtype="float32")``, TRL through
   ``AutoModelForCausalLM.from_pretrained(dir)``. With ``suppress_eos`` the saved generation config
   carries ``suppress_tokens=[eos]``: every completion then runs to the token budget, so both sides
   generate exactly ``prompts x samples x max_new_tokens`` tokens per step (TRL gets the same through
-  its ``generation_kwargs``).
-* :class:`FirstCharReward` / :func:`first_char_reward`: 1 when the completion's first character is
-  the record's answer; the same rule on both sides.
-* :func:`make_trl_trainer`: TRL's ``GRPOTrainer`` on that model (HF generation, fp32, ``beta=0``,
-  one optimizer step per generation, constant lr), counting the completion tokens it generates and
-  timing its generation.
-* :func:`greedy_accuracy`: held-out greedy accuracy of a set of weights, the same function for
-  both sides.
+  its ``generation_kwargs``). :class:`FirstCharReward` / :func:`first_char_reward`: 1 when the
+  completion's first character is the record's answer, the same rule on both sides;
+  :func:`greedy_accuracy`: held-out greedy accuracy of a set of weights, the same function for both
+  sides. TRL's side is in ``trl_side.py``.
 
-Heavy imports (torch, transformers, TRL, the library) happen inside the functions, so ``plot.py``
-can import the benchmark modules cheaply.
+Importing this module puts this checkout first on ``sys.path`` and defaults ``RAY_AUTH_MODE`` to
+``token``; heavy imports (torch, transformers, the library) happen inside the functions, so
+``plot.py`` and ``--help`` stay cheap.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -36,13 +43,53 @@ BENCH_DIR = Path(__file__).resolve().parent
 REPO = BENCH_DIR.parent
 RESULTS = BENCH_DIR / "results"
 RESULT_PREFIX = "RESULT "
+# a launcher's rank variables would make a child's Lightning think it is one rank of a running job
+LAUNCHER_VARIABLES = ("LOCAL_RANK", "NODE_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "RAY_ADDRESS")
+
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+os.environ.setdefault("RAY_AUTH_MODE", "token")
 
 
-# -- processes -------------------------------------------------------------------------------------
+# -- arguments ---------------------------------------------------------------------------------------
+def script_parser(doc: str | None) -> argparse.ArgumentParser:
+    """The argument parser of a benchmark: its docstring as the help, and the hidden ``--child <json>``
+    flag a script that re-runs itself per configuration gets from :func:`run_child`."""
+    parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--child", help=argparse.SUPPRESS)
+    return parser
+
+
+def parse_config(
+    parser: argparse.ArgumentParser,
+    argv: list[str] | None = None,
+    child: Callable[[dict[str, Any]], dict[str, Any] | None] | None = None,
+) -> dict[str, Any]:
+    """The parsed flags as a config dict (``--some-flag`` -> ``some_flag``; ``--child`` left out).
+
+    With ``--child <json>`` this process is one configuration of the benchmark: ``child(config)``
+    runs here (warnings silenced), its result is printed as the ``RESULT`` line :func:`run_child`
+    reads (nothing is printed when it returns None, e.g. on the other ranks of a multi-rank child),
+    and the process exits."""
+    config = vars(parser.parse_args(argv))
+    child_config = config.pop("child")
+    if child_config is None:
+        return config
+    if child is None:
+        parser.error("--child: this benchmark runs no child processes")
+    quiet()
+    result = child(json.loads(child_config))
+    if result is not None:
+        emit(result)
+    raise SystemExit(0)
+
+
+# -- child processes ---------------------------------------------------------------------------------
 def child_env() -> dict[str, str]:
     """The environment of a child run: this checkout first on the path (Ray workers inherit it, so
-    they import the same library and this folder's reward), Ray token auth, quiet HF."""
-    env = dict(os.environ)
+    they import the same library and this folder's reward), Ray token auth, quiet HF, no launcher's
+    rank variables."""
+    env = {k: v for k, v in os.environ.items() if k not in LAUNCHER_VARIABLES}
     paths = [str(REPO), str(BENCH_DIR)] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
     env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(paths))
     env.setdefault("RAY_AUTH_MODE", "token")
@@ -55,8 +102,9 @@ def child_env() -> dict[str, str]:
     return env
 
 
-def run_child(script: Path, config: dict[str, Any], timeout_s: float = 900.0) -> dict[str, Any]:
-    """Run ``script --child <config>`` in a fresh process; its last ``RESULT`` line, parsed."""
+def run_child(script: str | Path, config: dict[str, Any], timeout_s: float = 900.0) -> dict[str, Any]:
+    """Run ``script --child <config>`` in a fresh process; its last ``RESULT`` line, parsed (with the
+    process's wall time as ``process_s``)."""
     start = time.perf_counter()
     proc = subprocess.run(
         [sys.executable, str(script), "--child", json.dumps(config)],
@@ -81,7 +129,7 @@ def emit(result: dict[str, Any]) -> None:
 
 
 def quiet() -> None:
-    """Silence the warnings and progress bars a child would otherwise print."""
+    """Silence the warnings and progress bars a run would otherwise print."""
     import logging
     import warnings
 
@@ -95,6 +143,60 @@ def quiet() -> None:
         transformers.utils.logging.disable_progress_bar()
     except Exception:  # noqa: BLE001 - cosmetics only
         pass
+
+
+# -- results -----------------------------------------------------------------------------------------
+def results_path(out: str | Path) -> Path:
+    """``out`` as a path: a bare name (``"vs_trl"``) is ``benchmarks/results/<name>.json``."""
+    path = Path(out)
+    return RESULTS / f"{out}.json" if not path.suffix and path.parent == Path(".") else path
+
+
+def write_results(record: Any, out: str | Path, indent: int = 2) -> Path:
+    """Write ``record`` as JSON to :func:`results_path` ``(out)`` (folders made); the path."""
+    path = results_path(out)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(record, indent=indent) + "\n")
+    return path
+
+
+def finish(record: Any, out: str | Path | None, final: Any = None, indent: int = 2) -> Path | None:
+    """Write ``record`` (unless ``out`` is None) and print ``final`` (default: the record) as the
+    last line, one JSON record."""
+    path = write_results(record, out, indent) if out is not None else None
+    print(json.dumps(record if final is None else final))
+    return path
+
+
+# -- figures -----------------------------------------------------------------------------------------
+def pyplot() -> Any:
+    """``matplotlib.pyplot`` on the Agg backend (no display needed)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def save_figure(fig: Any, path: str | Path) -> None:
+    """Lay out, write (110 dpi) and close a matplotlib figure, saying where it went."""
+    plt = pyplot()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    print(f"wrote {path}")
+
+
+def bars(path: str | Path, title: str, labels: list[str], values: list[float], unit: str) -> None:
+    """One bar per label, each with its value written on it."""
+    fig, ax = pyplot().subplots(figsize=(5, 3))
+    drawn = ax.bar(labels, values, color=["#9aa5b1", "#2f80ed", "#27ae60"][: len(labels)])
+    ax.bar_label(drawn, fmt="%.2f")
+    ax.set_ylabel(unit)
+    ax.set_title(title)
+    ax.grid(axis="y", alpha=0.3)
+    save_figure(fig, path)
 
 
 # -- the model ---------------------------------------------------------------------------------------
@@ -163,7 +265,7 @@ def build_smollm2_dir(path: str | Path, suppress_eos: bool = True) -> dict[str, 
     }
 
 
-# -- the reward (both sides) ------------------------------------------------------------------------
+# -- the reward (both sides) -------------------------------------------------------------------------
 def first_char_correct(completion: str, answer: Any) -> float:
     return 1.0 if completion[:1] == str(answer) else 0.0
 
@@ -183,118 +285,7 @@ def first_char_reward(prompts: list, completions: list, answer: list, **_: Any) 
     return [first_char_correct(c, a) for c, a in zip(completions, answer)]
 
 
-# -- TRL ----------------------------------------------------------------------------------------------
-def make_trl_trainer(
-    model_dir: str | Path,
-    records: list[dict],
-    *,
-    prompts_per_step: int,
-    group: int,
-    max_new_tokens: int,
-    lr: float,
-    seed: int,
-    max_steps: int,
-    suppress_eos: bool,
-    output_dir: str | Path,
-    callbacks: list | None = None,
-    reward: Any = first_char_reward,
-) -> Any:
-    """TRL ``GRPOTrainer``: HF generation, fp32 on CPU, ``beta=0``, one generation per optimizer step
-    (``per_device_train_batch_size = prompts x samples``), constant lr, no logging backend."""
-    import torch
-    from datasets import Dataset
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-    from trl import GRPOConfig, GRPOTrainer
-
-    class CountingGRPOTrainer(GRPOTrainer):
-        """Counts the completion tokens of every generation and times it (what TRL does per step)."""
-
-        prompt_tokens: list[int]
-        completion_tokens: list[int]
-        generate_s: list[float]
-        prepare_s: list[float]
-
-        def _generate(self, prompts: list):  # noqa: ANN202 - TRL's signature
-            out = super()._generate(prompts)
-            self.prompt_tokens.append(sum(len(ids) for ids in out[0]))
-            self.completion_tokens.append(sum(len(ids) for ids in out[1]))
-            return out
-
-        def _generate_single_turn(self, *args: Any, **kwargs: Any):  # noqa: ANN202
-            start = time.perf_counter()
-            out = super()._generate_single_turn(*args, **kwargs)
-            self.generate_s.append(time.perf_counter() - start)
-            return out
-
-        def _generate_and_score_completions(self, inputs):  # noqa: ANN001, ANN202
-            start = time.perf_counter()
-            out = super()._generate_and_score_completions(inputs)
-            self.prepare_s.append(time.perf_counter() - start)
-            return out
-
-    tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
-    # the saved generation config's list (several end tokens for a real model), else the tokenizer's EOS
-    suppressed = model.generation_config.suppress_tokens or [tokenizer.eos_token_id]
-    generation_kwargs = {"suppress_tokens": list(suppressed)} if suppress_eos else None
-    args = GRPOConfig(
-        output_dir=str(output_dir),
-        per_device_train_batch_size=prompts_per_step * group,
-        gradient_accumulation_steps=1,
-        num_generations=group,
-        max_completion_length=max_new_tokens,
-        learning_rate=lr,
-        lr_scheduler_type="constant",
-        warmup_steps=0,
-        weight_decay=0.0,
-        max_grad_norm=1.0,
-        beta=0.0,
-        temperature=1.0,
-        top_p=1.0,
-        bf16=False,
-        fp16=False,
-        use_cpu=True,
-        report_to="none",
-        logging_steps=1_000_000,
-        save_strategy="no",
-        disable_tqdm=True,
-        max_steps=max_steps,
-        seed=seed,
-        data_seed=seed,
-        dataloader_num_workers=0,
-        generation_kwargs=generation_kwargs,
-    )
-    trainer = CountingGRPOTrainer(
-        model=model,
-        reward_funcs=reward,
-        args=args,
-        train_dataset=Dataset.from_list(records),
-        processing_class=tokenizer,
-        callbacks=callbacks or [],
-    )
-    trainer.prompt_tokens, trainer.completion_tokens, trainer.generate_s, trainer.prepare_s = [], [], [], []
-    return trainer
-
-
-def check_trl_counted(trainer: Any) -> None:
-    """Fail loudly if TRL's internals moved and the token counting hooks never ran."""
-    if not trainer.completion_tokens or not trainer.generate_s:
-        raise RuntimeError(
-            f"TRL {trl_version()}: GRPOTrainer._generate / _generate_single_turn were not called, so the "
-            "generated tokens were not counted; these benchmarks hook TRL 1.16's internals (pip install 'trl>=1.16,<2')"
-        )
-
-
-def trl_version() -> str:
-    try:
-        import trl
-
-        return trl.__version__
-    except ImportError:
-        return "not installed"
-
-
-# -- evaluation ---------------------------------------------------------------------------------------
+# -- evaluation --------------------------------------------------------------------------------------
 def greedy_accuracy(model: Any, tokenizer: Any, records: list[dict], max_new_tokens: int) -> float:
     """Fraction of ``records`` whose greedy completion starts with the answer (same rule as the reward)."""
     import torch
@@ -317,7 +308,22 @@ def greedy_accuracy(model: Any, tokenizer: Any, records: list[dict], max_new_tok
     return sum(first_char_correct(t, r["answer"]) for t, r in zip(texts, records)) / len(records)
 
 
-# -- statistics ---------------------------------------------------------------------------------------
+# -- timing and statistics ---------------------------------------------------------------------------
+def interleaved(fns: dict[str, Callable[[], Any]], calls: int, warmup: int = 1) -> dict[str, list[float]]:
+    """Seconds of ``calls`` calls of each function, one call of each in turn (so a slow phase of a
+    shared machine hits each alike), after ``warmup`` untimed calls of each."""
+    for _ in range(warmup):
+        for fn in fns.values():
+            fn()
+    times: dict[str, list[float]] = {name: [] for name in fns}
+    for _ in range(calls):
+        for name, fn in fns.items():
+            start = time.perf_counter()
+            fn()
+            times[name].append(time.perf_counter() - start)
+    return times
+
+
 def spread(values: list[float]) -> dict[str, float | None]:
     """Median, min and max (None entries, e.g. a target never reached, sort last)."""
     present = [v for v in values if v is not None]
@@ -344,22 +350,3 @@ def machine() -> dict[str, Any]:
 
 def median(values: list[float]) -> float:
     return statistics.median(values)
-
-
-def save_figure(fig: Any, path: str | Path) -> None:
-    """Lay out, write (110 dpi) and close a matplotlib figure, saying where it went."""
-    import matplotlib.pyplot as plt
-
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    print(f"wrote {path}")
-
-
-def script_parser(doc: str | None) -> Any:
-    """The argument parser of a benchmark that re-runs itself per configuration (``--child``)."""
-    import argparse
-
-    parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--child", help=argparse.SUPPRESS)
-    return parser

@@ -21,18 +21,14 @@ Usage::
 
 from __future__ import annotations
 
-import argparse
-import json
 import platform
-import sys
 import time
-from pathlib import Path
+from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import common
 
-from unirl_lightning.rollout.controller import BatchRolloutController  # noqa: E402
+from unirl_lightning.rollout.controller import BatchRolloutController
 
-RESULTS_PATH = Path(__file__).resolve().parent / "results" / "controller_overhead.json"
 TARGET_US_PER_GROUP = 20.0
 MAX_STALENESS = 1
 LAUNCHES_PER_STEP = 2  # max_inflight: always-ready jobs are reaped by the same step's poll
@@ -56,7 +52,9 @@ class ReadyPending:
         return self._groups
 
 
-def run(groups: int, sync_every: int, groups_per_job: int) -> dict:
+def run(config: dict[str, Any]) -> dict[str, Any]:
+    """Push ``config["groups"]`` groups through the controller; the record (phase seconds, us/group)."""
+    groups, sync_every, groups_per_job = config["groups"], config["sync_every"], config["groups_per_job"]
     num_jobs = -(-groups // groups_per_job)
     job_groups = list(range(groups_per_job))
     controller = BatchRolloutController(ReadyPending, complete=lambda gen_id, weight_version, result: result)
@@ -127,24 +125,22 @@ def run(groups: int, sync_every: int, groups_per_job: int) -> dict:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = common.script_parser(__doc__)
     parser.add_argument("--groups", type=int, default=100_000, help="groups to push through (default 100000)")
     parser.add_argument("--sync-every", type=int, default=4, help="steps between weight syncs (default 4)")
     parser.add_argument("--groups-per-job", type=int, default=8, help="groups per generation (default 8)")
-    args = parser.parse_args()
+    config = common.parse_config(parser)
     for name in ("groups", "sync_every", "groups_per_job"):
-        if getattr(args, name) < 1:
-            parser.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+        if config[name] < 1:
+            parser.error(f"--{name.replace('_', '-')} must be >= 1, got {config[name]}")
 
-    record = run(args.groups, args.sync_every, args.groups_per_job)
+    record = run(config)
 
     print(f"{'phase':<8} {'total s':>10} {'us/group':>10}")
     for phase, seconds in record["phase_s"].items():
         print(f"{phase:<8} {seconds:>10.4f} {seconds / record['groups'] * 1e6:>10.3f}")
     print(f"{'total':<8} {record['total_s']:>10.4f} {record['us_per_group']:>10.3f}")
-    RESULTS_PATH.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS_PATH.write_text(json.dumps(record, indent=2) + "\n")
-    print(json.dumps(record))
+    common.finish(record, "controller_overhead")
 
 
 if __name__ == "__main__":

@@ -20,41 +20,40 @@ Usage::
 
 from __future__ import annotations
 
-import argparse
-import json
 import os
 import platform
 import statistics
-import sys
 import time
-from pathlib import Path
+from typing import Any
 
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # engine core in this process
 os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-RESULTS_PATH = Path(__file__).resolve().parent / "results" / "engines.json"
+import common  # noqa: E402
+
 PROMPTS = ["1+2=", "3*4=", "7=", "12-5=", "9*9=", "4+4=", "0=", "8-3="]
 
 
-def requests(args, count: int, first_seed: int):
+def requests(config: dict[str, Any], count: int, first_seed: int):
     from unirl_lightning.data import make_task
     from unirl_lightning.rollout.records import RolloutRequest, SamplingParams
 
-    if args.model == "smollm2":
-        records = make_task("word_problems", args.prompts, seed=0, difficulty="easy")
+    if config["model"] == "smollm2":
+        records = make_task("word_problems", config["prompts"], seed=0, difficulty="easy")
     else:
-        records = [{"prompt": PROMPTS[i % len(PROMPTS)]} for i in range(args.prompts)]
-    sampling = SamplingParams(temperature=1.0, max_new_tokens=args.max_new_tokens)
-    return [RolloutRequest(records, n=args.n, sampling=sampling, seed=first_seed + i) for i in range(count)]
+        records = [{"prompt": PROMPTS[i % len(PROMPTS)]} for i in range(config["prompts"])]
+    sampling = SamplingParams(temperature=1.0, max_new_tokens=config["max_new_tokens"])
+    return [
+        RolloutRequest(records, n=config["n"], sampling=sampling, seed=first_seed + i) for i in range(count)
+    ]
 
 
-def time_generation(engine, args) -> dict:
-    for request in requests(args, args.warmup, first_seed=10_000):
+def time_generation(engine, config: dict[str, Any]) -> dict:
+    for request in requests(config, config["warmup"], first_seed=10_000):
         engine.generate(request)
     tokens, seconds = 0, 0.0
-    for request in requests(args, args.repeats, first_seed=0):
+    for request in requests(config, config["repeats"], first_seed=0):
         start = time.perf_counter()
         groups = engine.generate(request)
         seconds += time.perf_counter() - start
@@ -63,7 +62,7 @@ def time_generation(engine, args) -> dict:
         "tokens_per_s": tokens / seconds,
         "tokens": tokens,
         "generate_s": seconds,
-        "s_per_request": seconds / args.repeats,
+        "s_per_request": seconds / config["repeats"],
     }
 
 
@@ -98,24 +97,25 @@ def lora_adapter(policy, rank: int) -> dict:
     return named_weights(peft_model)
 
 
-def run(args) -> dict:
+def run(config: dict[str, Any]) -> dict[str, Any]:
+    """Both engines on the same requests and pushes (vLLM skipped when it is not installed); the record."""
     import torch
 
     from unirl_lightning.engines.hf import HFEngineConfig
     from unirl_lightning.models import PretrainedCausalLM, TinyCausalLM
     from unirl_lightning.weight_sync import named_weights
 
-    if args.model == "smollm2":
+    if config["model"] == "smollm2":
         policy = PretrainedCausalLM("smollm2-135m-instruct", dtype="float32", chat=True)
         new_weights = named_weights(policy.build()[0])  # a full push of the model's own size
         description = {"name": "SmolLM2-135M-Instruct", "dtype": "float32", "chat": True}
     else:
         policy = TinyCausalLM(
-            hidden_size=args.hidden_size,
-            num_layers=args.num_layers,
-            num_heads=args.num_heads,
-            intermediate_size=2 * args.hidden_size,
-            max_position_embeddings=max(64, args.max_new_tokens + 16),
+            hidden_size=config["hidden_size"],
+            num_layers=config["num_layers"],
+            num_heads=config["num_heads"],
+            intermediate_size=2 * config["hidden_size"],
+            max_position_embeddings=max(64, config["max_new_tokens"] + 16),
         )
         new_weights = named_weights(TinyCausalLM(**{**policy.__dict__, "seed": 1}).build()[0])
         description = dict(policy.__dict__)
@@ -123,12 +123,12 @@ def run(args) -> dict:
     record: dict = {
         "model": {**description, "parameters": sum(t.numel() for t in new_weights.values())},
         "workload": {
-            "prompts": args.prompts,
-            "n": args.n,
-            "max_new_tokens": args.max_new_tokens,
+            "prompts": config["prompts"],
+            "n": config["n"],
+            "max_new_tokens": config["max_new_tokens"],
             "temperature": 1.0,
-            "repeats": args.repeats,
-            "warmup": args.warmup,
+            "repeats": config["repeats"],
+            "warmup": config["warmup"],
         },
         "threads": threads,
         "python": platform.python_version(),
@@ -137,7 +137,7 @@ def run(args) -> dict:
     }
 
     hf = HFEngineConfig(device="cpu", num_threads=threads).build(policy)
-    record["hf"] = {**time_generation(hf, args), **time_pushes(hf, new_weights, args.pushes)}
+    record["hf"] = {**time_generation(hf, config), **time_pushes(hf, new_weights, config["pushes"])}
     del hf
 
     try:
@@ -154,14 +154,14 @@ def run(args) -> dict:
     record["vllm"] = {
         "version": vllm.__version__,
         "startup_s": startup_s,
-        **time_generation(engine, args),
-        **time_pushes(engine, new_weights, args.pushes),
+        **time_generation(engine, config),
+        **time_pushes(engine, new_weights, config["pushes"]),
     }
     engine.close()
     adapter = lora_adapter(policy, rank=8)
     engine = VLLMEngineConfig().build(policy, LoraSpec(rank=8, alpha=16.0))
-    lora = time_pushes(engine, adapter, args.pushes)
-    lora_gen = time_generation(engine, args)  # generation with the adapter active
+    lora = time_pushes(engine, adapter, config["pushes"])
+    lora_gen = time_generation(engine, config)  # generation with the adapter active
     record["vllm_lora"] = {
         "lora_push_ms_median": lora["push_ms_median"],
         "lora_push_ms_mean": lora["push_ms_mean"],
@@ -175,7 +175,7 @@ def run(args) -> dict:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = common.script_parser(__doc__)
     parser.add_argument("--model", choices=["smollm2", "tiny"], default="smollm2", help="default smollm2")
     parser.add_argument("--prompts", type=int, default=16, help="prompts per request (default 16)")
     parser.add_argument("--n", type=int, default=8, help="samples per prompt (default 8)")
@@ -188,7 +188,7 @@ def main() -> None:
     parser.add_argument(
         "--num-heads", type=int, default=2, help="heads; vLLM's CPU attention needs head size >= 32"
     )
-    args = parser.parse_args()
+    config = common.parse_config(parser)
     for name in (
         "prompts",
         "n",
@@ -199,10 +199,10 @@ def main() -> None:
         "num_layers",
         "num_heads",
     ):
-        if getattr(args, name) < 1:
-            parser.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+        if config[name] < 1:
+            parser.error(f"--{name.replace('_', '-')} must be >= 1, got {config[name]}")
 
-    record = run(args)
+    record = run(config)
 
     print(f"{'engine':<10} {'tokens/s':>10} {'s/request':>10} {'push ms':>9}")
     for name in ("hf", "vllm"):
@@ -218,9 +218,7 @@ def main() -> None:
             f"{'vllm lora':<10} {record['vllm_lora']['tokens_per_s_with_adapter']:>10.0f} {'':>10} "
             f"{record['vllm_lora']['lora_push_ms_median']:>9.2f}"
         )
-    RESULTS_PATH.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS_PATH.write_text(json.dumps(record, indent=2) + "\n")
-    print(json.dumps(record))
+    common.finish(record, "engines")
 
 
 if __name__ == "__main__":

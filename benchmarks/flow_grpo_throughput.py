@@ -19,32 +19,21 @@ Usage::
 
 from __future__ import annotations
 
-import argparse
-import json
 import os
 import platform
-import sys
 import tempfile
 import time
-from pathlib import Path
+from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import common
+import torch
+from lightning.pytorch import Callback, Trainer, seed_everything
 
-import torch  # noqa: E402
-from lightning.pytorch import Callback, Trainer, seed_everything  # noqa: E402
-
-from unirl_lightning.callbacks import (  # noqa: E402
-    SampleImageLogger,  # noqa: E402
-    WeightSyncCallback,
-    WeightVersionLogger,
-)
-from unirl_lightning.data import ImagePromptDataModule  # noqa: E402
-from unirl_lightning.models_diffusion import TinyFlowModel  # noqa: E402
-from unirl_lightning.modules import FlowGRPOModule  # noqa: E402
-from unirl_lightning.strategy import AsyncRolloutStrategy  # noqa: E402
-
-RESULTS_PATH = Path(__file__).resolve().parent / "results" / "flow_grpo_throughput.json"
-
+from unirl_lightning.callbacks import SampleImageLogger, WeightSyncCallback, WeightVersionLogger
+from unirl_lightning.data import ImagePromptDataModule
+from unirl_lightning.models_diffusion import TinyFlowModel
+from unirl_lightning.modules import FlowGRPOModule
+from unirl_lightning.strategy import AsyncRolloutStrategy
 
 PERF_TAGS = ("perf/generate_time_s", "perf/train_time_s", "sync/quiesce_s")
 
@@ -71,13 +60,14 @@ class StepClock(Callback):
                 self.perf[tag] += float(pl_module.last_logged_metrics.get(tag, 0.0))
 
 
-def run(args: argparse.Namespace, policy: TinyFlowModel, max_staleness: int) -> dict[str, float]:
+def run_mode(config: dict[str, Any], policy: TinyFlowModel, max_staleness: int) -> dict[str, float]:
+    """One fit at ``max_staleness`` (0: sync, 1: async); images/s over the timed steps."""
     seed_everything(0)
-    clock = StepClock(args.warmup)
+    clock = StepClock(config["warmup"])
     strategy = AsyncRolloutStrategy(max_staleness=max_staleness, max_inflight=1)
     trainer = Trainer(
         strategy=strategy,
-        max_steps=args.steps,
+        max_steps=config["steps"],
         callbacks=[WeightSyncCallback(), WeightVersionLogger(), clock, SampleImageLogger(num_images=0)],
         logger=False,
         enable_checkpointing=False,
@@ -87,17 +77,17 @@ def run(args: argparse.Namespace, policy: TinyFlowModel, max_staleness: int) -> 
     )
     module = FlowGRPOModule(
         policy=policy,
-        num_generations=args.num_generations,
-        num_steps=args.num_steps,
-        timestep_fraction=args.timestep_fraction,
+        num_generations=config["num_generations"],
+        num_steps=config["num_steps"],
+        timestep_fraction=config["timestep_fraction"],
         lr=1e-3,
         clip_range=1e-3,
     )
     try:
-        trainer.fit(module, datamodule=ImagePromptDataModule(batch_size=args.batch_size))
+        trainer.fit(module, datamodule=ImagePromptDataModule(batch_size=config["batch_size"]))
     finally:
         strategy.shutdown()
-    images = clock.steps * args.batch_size * args.num_generations
+    images = clock.steps * config["batch_size"] * config["num_generations"]
     wall_s = clock.end - clock.start
     per_step = {
         tag.split("/")[1].removesuffix("_s") + "_s_per_step": v / clock.steps for tag, v in clock.perf.items()
@@ -105,10 +95,38 @@ def run(args: argparse.Namespace, policy: TinyFlowModel, max_staleness: int) -> 
     return {"images_per_s": images / wall_s, "wall_s": wall_s, "steps": clock.steps, **per_step}
 
 
+def run(config: dict[str, Any]) -> dict[str, Any]:
+    """Sync then async on the same pre-trained model, one torch thread; the record."""
+    torch.set_num_threads(1)
+    policy = TinyFlowModel(pretrain_steps=100, cache_dir=config["cache_dir"])
+    policy.build()  # pre-train (or load) once, outside the clock
+    results = {}
+    for name, max_staleness in (("sync", 0), ("async", 1)):
+        results[name] = result = run_mode(config, policy, max_staleness)
+        print(
+            f"{name:>5}: {result['images_per_s']:7.1f} images/s ({result['steps']} steps in {result['wall_s']:.1f} s; "
+            f"per step: generate {result['generate_time_s_per_step']:.2f} s, train {result['train_time_s_per_step']:.2f} s, "
+            f"sync waited {result['quiesce_s_per_step']:.2f} s)"
+        )
+    return {
+        "sync_images_per_s": round(results["sync"]["images_per_s"], 2),
+        "async_images_per_s": round(results["async"]["images_per_s"], 2),
+        "speedup": round(results["async"]["images_per_s"] / results["sync"]["images_per_s"], 3),
+        "steps_timed": results["sync"]["steps"],
+        "generate_s_per_step": round(results["sync"]["generate_time_s_per_step"], 3),
+        "train_s_per_step": round(results["sync"]["train_time_s_per_step"], 3),
+        "images_per_step": config["batch_size"] * config["num_generations"],
+        "num_steps": config["num_steps"],
+        "timestep_fraction": config["timestep_fraction"],
+        "model": "TinyFlowModel(arch='sd3', image_size=8)",
+        "cpus": os.cpu_count(),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+    }
+
+
 def main() -> dict:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    parser = common.script_parser(__doc__)
     parser.add_argument("--steps", type=int, default=20, help="training steps per run")
     parser.add_argument("--warmup", type=int, default=3, help="steps before the clock starts")
     parser.add_argument("--batch-size", type=int, default=8, help="prompts per step")
@@ -118,39 +136,11 @@ def main() -> dict:
     parser.add_argument(
         "--cache-dir", default=os.path.join(tempfile.gettempdir(), "unirl_lightning", "bench")
     )
-    args = parser.parse_args()
-    if args.warmup >= args.steps:
-        parser.error(f"--warmup ({args.warmup}) must be below --steps ({args.steps})")
-    torch.set_num_threads(1)
-    policy = TinyFlowModel(pretrain_steps=100, cache_dir=args.cache_dir)
-    policy.build()  # pre-train (or load) once, outside the clock
-    results = {}
-    for name, max_staleness in (("sync", 0), ("async", 1)):
-        results[name] = run(args, policy, max_staleness)
-        result = results[name]
-        print(
-            f"{name:>5}: {result['images_per_s']:7.1f} images/s ({result['steps']} steps in {result['wall_s']:.1f} s; "
-            f"per step: generate {result['generate_time_s_per_step']:.2f} s, train {result['train_time_s_per_step']:.2f} s, "
-            f"sync waited {result['quiesce_s_per_step']:.2f} s)"
-        )
-    record = {
-        "sync_images_per_s": round(results["sync"]["images_per_s"], 2),
-        "async_images_per_s": round(results["async"]["images_per_s"], 2),
-        "speedup": round(results["async"]["images_per_s"] / results["sync"]["images_per_s"], 3),
-        "steps_timed": results["sync"]["steps"],
-        "generate_s_per_step": round(results["sync"]["generate_time_s_per_step"], 3),
-        "train_s_per_step": round(results["sync"]["train_time_s_per_step"], 3),
-        "images_per_step": args.batch_size * args.num_generations,
-        "num_steps": args.num_steps,
-        "timestep_fraction": args.timestep_fraction,
-        "model": "TinyFlowModel(arch='sd3', image_size=8)",
-        "cpus": os.cpu_count(),
-        "python": platform.python_version(),
-        "torch": torch.__version__,
-    }
-    RESULTS_PATH.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS_PATH.write_text(json.dumps(record, indent=2) + "\n")
-    print(json.dumps(record))
+    config = common.parse_config(parser)
+    if config["warmup"] >= config["steps"]:
+        parser.error(f"--warmup ({config['warmup']}) must be below --steps ({config['steps']})")
+    record = run(config)
+    common.finish(record, "flow_grpo_throughput")
     return record
 
 

@@ -18,7 +18,6 @@ Prints the table and a JSON line; writes ``benchmarks/results/generation_cpu_sha
 from __future__ import annotations
 
 import collections
-import json
 import os
 import subprocess
 import sys
@@ -28,9 +27,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-import common  # noqa: E402
+import common
 
 GENERATE_TITLE = "RolloutWorker.generate"
 PERIOD_S = 0.2
@@ -74,12 +71,9 @@ def label(title: str, me: int, pid: int) -> str:
     return "other"
 
 
-def main() -> None:
-    parser = common.script_parser(__doc__)
-    parser.add_argument("--steps", type=int, default=4)
-    parser.add_argument("--stopping", default="natural", choices=["natural", "suppressed"])
-    parser.add_argument("--out", default=str(common.RESULTS / "generation_cpu_share.json"))
-    args = parser.parse_args()
+def run(config: dict[str, Any]) -> dict[str, Any]:
+    """Sample every process's CPU time while a ``vs_trl.py`` sync-2t SmolLM2 run goes; the CPU seconds
+    per kind of process summed over the generation windows."""
     snaps: list[dict[str, Any]] = []
     done = threading.Event()
 
@@ -96,7 +90,7 @@ def main() -> None:
             sys.executable,
             str(common.BENCH_DIR / "vs_trl.py"),
             "--workloads", "smollm2", "--configs", "sync-2t", "--runs", "1", "--warmup", "1",
-            "--steps-long", str(args.steps), "--stopping", args.stopping, "--out", str(Path(out) / "run.json"),
+            "--steps-long", str(config["steps"]), "--stopping", config["stopping"], "--out", str(Path(out) / "run.json"),
         ]  # fmt: skip
         subprocess.run(cmd, check=True, env=common.child_env(), stdout=subprocess.DEVNULL)
     done.set()
@@ -112,19 +106,30 @@ def main() -> None:
             if pid in first:
                 per[label(title, me, pid)] += cpu - first[pid][1]
     cores = os.cpu_count() or 1
-    results = {
+    return {
         "machine": common.machine(),
-        "stopping": args.stopping,
+        "stopping": config["stopping"],
         "windows": len(spans),
         "generation_wall_s": round(wall, 2),
         "cpu_s": {name: round(v, 2) for name, v in per.most_common()},
         "worker_share_of_cores": round(per["rollout worker"] / (cores * wall), 3) if wall else None,
     }
-    print(f"{len(spans)} generation windows, {wall:.1f} s of wall time on {cores} cores")
-    for name, value in per.most_common():
+
+
+def main() -> None:
+    parser = common.script_parser(__doc__)
+    parser.add_argument("--steps", type=int, default=4)
+    parser.add_argument("--stopping", default="natural", choices=["natural", "suppressed"])
+    parser.add_argument("--out", default=str(common.results_path("generation_cpu_share")))
+    config = common.parse_config(parser)
+    results = run(config)
+    print(
+        f"{results['windows']} generation windows, {results['generation_wall_s']:.1f} s of wall time "
+        f"on {os.cpu_count() or 1} cores"
+    )
+    for name, value in results["cpu_s"].items():
         print(f"{name:<30} {value:6.2f} CPU-s")
-    Path(args.out).write_text(json.dumps(results, indent=1) + "\n")
-    print(json.dumps({k: v for k, v in results.items() if k != "machine"}))
+    common.finish(results, config["out"], {k: v for k, v in results.items() if k != "machine"}, indent=1)
 
 
 if __name__ == "__main__":

@@ -23,34 +23,17 @@ Prints a table and a JSON line; writes ``benchmarks/results/generation_profile.j
 from __future__ import annotations
 
 import contextlib
-import json
-import os
 import statistics
-import sys
 import tempfile
-import time
-from pathlib import Path
 from typing import Any
 
-os.environ.setdefault("RAY_AUTH_MODE", "token")
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-import common  # noqa: E402
-
-RESULTS_PATH = common.RESULTS / "generation_profile.json"
+import common
 
 
 def interleaved(fns: dict[str, Any], calls: int) -> dict[str, dict[str, float]]:
-    """:func:`timed` for several functions, one call of each in turn (after one warm-up call each)."""
-    for fn in fns.values():
-        fn()
-    times: dict[str, list[float]] = {name: [] for name in fns}
-    for _ in range(calls):
-        for name, fn in fns.items():
-            start = time.perf_counter()
-            fn()
-            times[name].append(time.perf_counter() - start)
+    """:func:`common.interleaved` (one call of each in turn, after one warm-up call each), as the
+    median, min and max seconds of each."""
+    times = common.interleaved(fns, calls)
     return {
         name: {
             "median_s": round(statistics.median(t), 3),
@@ -66,16 +49,8 @@ def timed(fn: Any, calls: int) -> dict[str, float]:
     return interleaved({"fn": fn}, calls)["fn"]
 
 
-def main() -> None:
-    parser = common.script_parser(__doc__)
-    parser.add_argument("--calls", type=int, default=5)
-    parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--stopping", choices=["suppressed", "natural"], default="suppressed")
-    parser.add_argument("--prompts", type=int, default=4)
-    parser.add_argument("--group", type=int, default=4)
-    parser.add_argument("--max-new-tokens", type=int, default=16)
-    parser.add_argument("--out", default=str(RESULTS_PATH))
-    args = parser.parse_args()
+def run(config: dict[str, Any]) -> dict[str, Any]:
+    """Every layer timed (the in-process ones interleaved); the results record."""
     common.quiet()
 
     import ray
@@ -87,19 +62,25 @@ def main() -> None:
     from unirl_lightning.rollout.records import RolloutRequest, SamplingParams
     from unirl_lightning.workers.actor import RolloutWorker
 
-    torch.set_num_threads(args.threads)
-    results: dict[str, Any] = {"threads": args.threads, "stopping": args.stopping, "calls": args.calls}
+    torch.set_num_threads(config["threads"])
+    results: dict[str, Any] = {
+        "threads": config["threads"],
+        "stopping": config["stopping"],
+        "calls": config["calls"],
+    }
     with tempfile.TemporaryDirectory(prefix="genprof-") as model_dir:
-        results["model"] = common.build_smollm2_dir(model_dir, suppress_eos=args.stopping == "suppressed")
+        results["model"] = common.build_smollm2_dir(
+            model_dir, suppress_eos=config["stopping"] == "suppressed"
+        )
         policy = PretrainedCausalLM(name_or_path=model_dir, dtype="float32")
-        records = make_task("digit_successor", args.prompts, 0, prefix_len=8)
-        sampling = SamplingParams(temperature=1.0, max_new_tokens=args.max_new_tokens)
-        request = RolloutRequest(records=records, n=args.group, sampling=sampling, seed=0, gen_id=0)
-        config = HFEngineConfig(device="cpu", num_threads=args.threads)
+        records = make_task("digit_successor", config["prompts"], 0, prefix_len=8)
+        sampling = SamplingParams(temperature=1.0, max_new_tokens=config["max_new_tokens"])
+        request = RolloutRequest(records=records, n=config["group"], sampling=sampling, seed=0, gen_id=0)
+        engine_config = HFEngineConfig(device="cpu", num_threads=config["threads"])
 
-        engine = HFEngine(config, policy, None)
+        engine = HFEngine(engine_config, policy, None)
         tok = engine.tokenizer
-        rows = [policy.prompt_ids(tok, r) for r in records for _ in range(args.group)]
+        rows = [policy.prompt_ids(tok, r) for r in records for _ in range(config["group"])]
         width = max(len(r) for r in rows)
         input_ids = torch.tensor([[tok.pad_token_id] * (width - len(r)) + r for r in rows])
         mask = torch.tensor([[0] * (width - len(r)) + [1] * len(r) for r in rows])
@@ -113,7 +94,7 @@ def main() -> None:
                     temperature=1.0,
                     top_p=1.0,
                     top_k=0,
-                    max_new_tokens=args.max_new_tokens,
+                    max_new_tokens=config["max_new_tokens"],
                     pad_token_id=tok.pad_token_id,
                     eos_token_id=engine.stop_ids,
                 )
@@ -134,7 +115,7 @@ def main() -> None:
         # the in-process layers interleaved call by call, so a slow phase of the machine hits each alike
         layers: dict[str, Any] = interleaved(
             {"raw": raw, "engine": lambda: engine.generate(request), "engine-no-scorer": no_scorer},
-            args.calls,
+            config["calls"],
         )
 
         ray.init(
@@ -145,7 +126,7 @@ def main() -> None:
         )
         try:
             actor = ray.remote(num_cpus=1)(RolloutWorker).remote(
-                config, policy, None, common.FirstCharReward()
+                engine_config, policy, None, common.FirstCharReward()
             )
             inner: list[float] = []
 
@@ -153,7 +134,7 @@ def main() -> None:
                 inner.append(ray.get(actor.generate.remote(request))["generate_s"])
 
             layers["worker"] = {
-                **timed(call, args.calls),
+                **timed(call, config["calls"]),
                 "inside_median_s": round(statistics.median(inner[1:]), 3),
             }
             trainer, _ = policy.build()
@@ -162,17 +143,30 @@ def main() -> None:
             optimizer.step()  # the optimizer state exists, as in a trainer between steps
             inner.clear()
             layers["worker-beside-trainer"] = {
-                **timed(call, args.calls),
+                **timed(call, config["calls"]),
                 "inside_median_s": round(statistics.median(inner[1:]), 3),
             }
         finally:
             ray.shutdown()
     results["layers"] = layers
-    for name, row in layers.items():
+    return results
+
+
+def main() -> None:
+    parser = common.script_parser(__doc__)
+    parser.add_argument("--calls", type=int, default=5)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--stopping", choices=["suppressed", "natural"], default="suppressed")
+    parser.add_argument("--prompts", type=int, default=4)
+    parser.add_argument("--group", type=int, default=4)
+    parser.add_argument("--max-new-tokens", type=int, default=16)
+    parser.add_argument("--out", default=str(common.results_path("generation_profile")))
+    config = common.parse_config(parser)
+    results = run(config)
+    for name, row in results["layers"].items():
         extra = f"  (inside the worker {row['inside_median_s']:.3f} s)" if "inside_median_s" in row else ""
         print(f"{name:<22} {row['median_s']:.3f} s  [{row['min_s']:.3f}-{row['max_s']:.3f}]{extra}")
-    Path(args.out).write_text(json.dumps(results, indent=1) + "\n")
-    print(json.dumps({k: v["median_s"] for k, v in layers.items()}))
+    common.finish(results, config["out"], {k: v["median_s"] for k, v in results["layers"].items()}, indent=1)
 
 
 def _ignore(fn: Any, *args: Any) -> None:

@@ -22,8 +22,10 @@ import subprocess
 import sys
 import tempfile
 import time
+from typing import Any
 
-from common import REPO, child_env, script_parser
+import common
+from common import REPO, child_env
 
 from unirl_lightning.tb import read_scalars
 
@@ -67,10 +69,13 @@ AGENTIC_FIGURES = (
     "agentic/context_limited",
     "agentic/turns_mean",
 )
-OUT = REPO / "benchmarks" / "results" / "loss_options.json"
+OUT = common.results_path("loss_options")
 
 
-def run(name: str, keys: dict[str, str], steps: int | None, config: str = "examples/grpo_tiny.yaml") -> dict:
+def run_option(
+    name: str, keys: dict[str, str], steps: int | None, config: str = "examples/grpo_tiny.yaml"
+) -> dict:
+    """One fit of ``config`` with the module keys ``keys`` set, in a fresh process; its figures."""
     with tempfile.TemporaryDirectory() as tmp:
         command = [sys.executable, "-m", "unirl_lightning.cli", "fit", "--config", config]
         command += [f"--trainer.max_steps={steps}"] if steps else []
@@ -112,28 +117,37 @@ def _fmt(value: float | None) -> str:
     return "-" if value is None else f"{value:.2f}"
 
 
+def run(config: dict[str, Any]) -> dict[str, Any]:
+    """One run per option (``config["only"]``: those only, the others' last results kept from the
+    results file); the results record."""
+    only = config["only"]
+    results = [
+        run_option(name, keys, config["steps"]) for name, keys in OPTIONS.items() if not only or name in only
+    ]
+    results += [
+        run_option(name, keys, config["agentic_steps"], AGENTIC_CONFIG)
+        for name, keys in AGENTIC_OPTIONS.items()
+        if not only or name in only
+    ]
+    if only and OUT.exists():  # keep the other options' last results
+        kept = [r for r in json.loads(OUT.read_text())["results"] if r["name"] not in only]
+        order = [*OPTIONS, *AGENTIC_OPTIONS]
+        results = sorted(
+            kept + results, key=lambda r: order.index(r["name"]) if r["name"] in order else len(order)
+        )
+    return {"steps": config["steps"], "results": results}
+
+
 def main() -> None:
-    parser = script_parser(__doc__)
+    parser = common.script_parser(__doc__)
     parser.add_argument(
         "--only", nargs="*", help="run these option names only (the others keep their last result)"
     )
     parser.add_argument("--steps", type=int, default=120, help="steps of the single-turn runs")
     parser.add_argument("--agentic-steps", type=int, default=None, help="default: the recipe's (300)")
-    args = parser.parse_args()
-    results = [
-        run(name, keys, args.steps) for name, keys in OPTIONS.items() if not args.only or name in args.only
-    ]
-    results += [
-        run(name, keys, args.agentic_steps, AGENTIC_CONFIG)
-        for name, keys in AGENTIC_OPTIONS.items()
-        if not args.only or name in args.only
-    ]
-    if args.only and OUT.exists():  # keep the other options' last results
-        kept = [r for r in json.loads(OUT.read_text())["results"] if r["name"] not in args.only]
-        order = [*OPTIONS, *AGENTIC_OPTIONS]
-        results = sorted(
-            kept + results, key=lambda r: order.index(r["name"]) if r["name"] in order else len(order)
-        )
+    config = common.parse_config(parser)
+    record = run(config)
+    results = record["results"]
     print("| option | reward, first 20 steps | last 20 steps | held-out accuracy start → end | wall |")
     print("|---|---|---|---|---|")
     for r in results:
@@ -148,8 +162,7 @@ def main() -> None:
                 for k, v in r.get("figures", {}).items()
             )
         )
-    OUT.write_text(json.dumps({"steps": args.steps, "results": results}, indent=1))
-    print(json.dumps({"written": str(OUT.relative_to(REPO))}))
+    common.finish(record, OUT, {"written": str(OUT.relative_to(REPO))}, indent=1)
 
 
 if __name__ == "__main__":

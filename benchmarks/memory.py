@@ -30,16 +30,13 @@ Writes ``benchmarks/results/memory.json``, ``memory.md`` (the table) and ``memor
 
 from __future__ import annotations
 
-import json
 import os
 import resource
-import sys
 import time
 from pathlib import Path
+from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from common import RESULTS, emit, machine, quiet, run_child, save_figure, script_parser  # noqa: E402
+import common
 
 VOCABS = (49152, 151936)
 LOGPROB_BATCHES = (1, 4, 8)  # micro-batch sizes, each of LOGPROB_LENGTH positions
@@ -115,10 +112,10 @@ def policy(vocab: int, dtype: str):
     )
 
 
-def child(config: dict) -> None:
+def child(config: dict) -> dict[str, Any]:
+    """One measurement (``config``: kind, vocab, batch, impl) in this process: its peak above start."""
     import torch
 
-    quiet()
     torch.set_num_threads(2)
     torch.manual_seed(0)
     vocab, batch, impl = config["vocab"], config["batch"], config["impl"]
@@ -159,17 +156,15 @@ def child(config: dict) -> None:
         elapsed = time.perf_counter() - start
         positions = generated
     peak = peak_rss_mb()
-    emit(
-        {
-            **config,
-            "peak_above_start_mb": peak - base,
-            "start_rss_mb": base,
-            "seconds": elapsed,
-            "positions": positions,
-            # one float32 [positions, V] tensor, for scale
-            "float32_bvt_mb": positions * vocab * 4 / MB,
-        }
-    )
+    return {
+        **config,
+        "peak_above_start_mb": peak - base,
+        "start_rss_mb": base,
+        "seconds": elapsed,
+        "positions": positions,
+        # one float32 [positions, V] tensor, for scale
+        "float32_bvt_mb": positions * vocab * 4 / MB,
+    }
 
 
 def configurations() -> list[dict]:
@@ -210,12 +205,7 @@ def table(results: list[dict]) -> str:
 
 
 def plot(results: list[dict], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    fig, axes = common.pyplot().subplots(1, 2, figsize=(11, 4))
     for ax, kind, title in (
         (axes[0], "logprobs", f"log-prob forward+backward, T={LOGPROB_LENGTH}"),
         (axes[1], "generate", f"HF generation, {GENERATE_TOKENS} new tokens"),
@@ -238,35 +228,37 @@ def plot(results: list[dict], path: Path) -> None:
         ax.set_title(title)
         ax.legend(fontsize=8)
         ax.grid(alpha=0.3)
-    save_figure(fig, path)
+    common.save_figure(fig, path)
 
 
-def main() -> None:
-    parser = script_parser(__doc__)
-    args = parser.parse_args()
-    if args.child:
-        child(json.loads(args.child))
-        return
+def run(config: dict[str, Any]) -> dict[str, Any]:
+    """Every configuration, each in a fresh process; the results record."""
     # a fixed mmap threshold: every large buffer is its own mapping, returned when freed, so the
     # peak RSS follows the live allocations (glibc's adaptive threshold otherwise keeps freed
     # step-sized buffers in the heap, and the generation figures wander by hundreds of MB)
     os.environ.setdefault("MALLOC_MMAP_THRESHOLD_", str(256 * 1024))
     results = []
-    for config in configurations():
-        result = run_child(Path(__file__), config, timeout_s=600)
+    for measurement in configurations():
+        result = common.run_child(Path(__file__), measurement, timeout_s=600)
         print(
-            f"{config['kind']:9s} V={config['vocab']:6d} B={config['batch']:2d} {config['impl']:6s} "
-            f"peak +{result['peak_above_start_mb']:7.0f} MB  {result['seconds']:.2f} s",
+            f"{measurement['kind']:9s} V={measurement['vocab']:6d} B={measurement['batch']:2d} "
+            f"{measurement['impl']:6s} peak +{result['peak_above_start_mb']:7.0f} MB  {result['seconds']:.2f} s",
             flush=True,
         )
         results.append(result)
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    markdown = table(results)
-    record = {"machine": machine(), "results": results}
-    (RESULTS / "memory.json").write_text(json.dumps(record, indent=2) + "\n")
-    (RESULTS / "memory.md").write_text(markdown + "\n")
-    plot(results, RESULTS / "memory.png")
+    return {"machine": common.machine(), "results": results}
+
+
+def main() -> None:
+    config = common.parse_config(common.script_parser(__doc__), child=child)
+    record = run(config)
+    markdown = table(record["results"])
+    (common.RESULTS / "memory.md").parent.mkdir(parents=True, exist_ok=True)
+    (common.RESULTS / "memory.md").write_text(markdown + "\n")
+    plot(record["results"], common.RESULTS / "memory.png")
     print(markdown)
+    written = [f"benchmarks/results/memory.{ext}" for ext in ("json", "md", "png")]
+    common.finish(record, "memory", {"written": written})
 
 
 if __name__ == "__main__":

@@ -15,23 +15,20 @@ Writes ``benchmarks/results/memory_step.json`` and prints a markdown table.
 
 from __future__ import annotations
 
-import json
 import os
 import resource
-import sys
 import time
 from pathlib import Path
+from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from common import RESULTS, emit, machine, quiet, run_child, script_parser  # noqa: E402
+import common
 
 ROWS, PROMPT, COMPLETION = 16, 90, 64
 MB = 2**20
 
 
-def child(config: dict) -> None:
-    quiet()
+def child(config: dict) -> dict[str, Any]:
+    """One configuration's step in this process: its peak above start."""
     import psutil
     import torch
 
@@ -77,25 +74,29 @@ def child(config: dict) -> None:
     module.update(batch, context)
     seconds = time.perf_counter() - start
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    emit({**config, "peak_above_start_mb": peak - start_rss, "seconds": seconds})
+    return {**config, "peak_above_start_mb": peak - start_rss, "seconds": seconds}
 
 
-def main() -> None:
-    parser = script_parser(__doc__)
-    args = parser.parse_args()
-    if args.child:
-        child(json.loads(args.child))
-        return
+def run(config: dict[str, Any]) -> dict[str, Any]:
+    """Every dtype and micro-batch size, each in a fresh process; the results record."""
     os.environ.setdefault("MALLOC_MMAP_THRESHOLD_", str(256 * 1024))  # as benchmarks/memory.py
     results = []
     for dtype in ("float32", "bfloat16"):
         for rows in (None, 4, 1):
-            result = run_child(Path(__file__), {"dtype": dtype, "micro_batch_rows": rows}, timeout_s=1200)
+            cfg = {"dtype": dtype, "micro_batch_rows": rows}
+            result = common.run_child(Path(__file__), cfg, timeout_s=1200)
             print(
                 f"{dtype:8s} micro_batch_rows={rows!s:4s} peak +{result['peak_above_start_mb']:6.0f} MB",
                 flush=True,
             )
             results.append(result)
+    return {"machine": common.machine(), "results": results}
+
+
+def main() -> None:
+    config = common.parse_config(common.script_parser(__doc__), child=child)
+    record = run(config)
+    results = record["results"]
     lines = [
         f"| SmolLM2-135M step, {ROWS} x {PROMPT + COMPLETION} tokens | micro_batch_rows | peak MB above start | s |",
         "|---|---:|---:|---:|",
@@ -104,11 +105,9 @@ def main() -> None:
         compute = "float32" if r["dtype"] == "float32" else "bf16 compute, fp32 masters"
         rows = "all (none)" if r["micro_batch_rows"] is None else r["micro_batch_rows"]
         lines.append(f"| {compute} | {rows} | {r['peak_above_start_mb']:.0f} | {r['seconds']:.1f} |")
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / "memory_step.json").write_text(
-        json.dumps({"machine": machine(), "results": results}, indent=2)
-    )
     print("\n".join(lines))
+    peaks = {f"{r['dtype']} rows={r['micro_batch_rows']}": round(r["peak_above_start_mb"]) for r in results}
+    common.finish(record, "memory_step", {"peak_above_start_mb": peaks})
 
 
 if __name__ == "__main__":

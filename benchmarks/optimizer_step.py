@@ -20,15 +20,11 @@ Prints a table and a JSON line; writes ``benchmarks/results/optimizer_step.json`
 
 from __future__ import annotations
 
-import json
 import statistics
-import sys
 import time
-from pathlib import Path
+from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from common import RESULTS, machine, script_parser  # noqa: E402
+import common
 
 HIDDEN, INTERMEDIATE, KV, LAYERS, VOCAB = 576, 1536, 192, 30, 49152
 
@@ -48,17 +44,12 @@ def smollm2_shapes() -> list[tuple[int, ...]]:
     return [(VOCAB, HIDDEN), *layer * LAYERS, (HIDDEN,)]
 
 
-def main() -> None:
-    parser = script_parser(__doc__)
-    parser.add_argument("--steps", type=int, default=5)
-    parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
-    parser.add_argument("--out", default=str(RESULTS / "optimizer_step.json"))
-    args = parser.parse_args()
+def run(config: dict[str, Any]) -> dict[str, Any]:
+    """The three implementations, steps interleaved; the results record."""
     import torch
 
-    torch.set_num_threads(args.threads)
-    device = torch.device(args.device)
+    torch.set_num_threads(config["threads"])
+    device = torch.device(config["device"])
     generator = torch.Generator().manual_seed(0)
     shapes = smollm2_shapes()
     start = [torch.randn(s, generator=generator) * 0.02 for s in shapes]
@@ -84,7 +75,7 @@ def main() -> None:
     for name in kinds:  # warm-up: allocates the moments
         step(name)
     times: dict[str, list[float]] = {name: [] for name in kinds}
-    for _ in range(args.steps):
+    for _ in range(config["steps"]):
         for name in kinds:
             times[name].append(step(name))
     reference = params["default"]
@@ -100,23 +91,32 @@ def main() -> None:
         for name, ts in times.items()
     }
     results = {
-        "machine": machine(),
+        "machine": common.machine(),
         "device": str(device),
-        "threads": args.threads,
+        "threads": config["threads"],
         "parameters": sum(t.numel() for t in start),
         "tensors": len(start),
-        "steps": args.steps,
+        "steps": config["steps"],
         "implementations": rows,
         "fused_speedup_vs_default": round(rows["default"]["median_s"] / rows["fused"]["median_s"], 2),
     }
-    for name, row in rows.items():
+    return results
+
+
+def main() -> None:
+    parser = common.script_parser(__doc__)
+    parser.add_argument("--steps", type=int, default=5)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    parser.add_argument("--out", default=str(common.results_path("optimizer_step")))
+    config = common.parse_config(parser)
+    results = run(config)
+    for name, row in results["implementations"].items():
         print(
             f"{name:<8} {row['median_s']:.3f} s  [{row['min_s']:.3f}-{row['max_s']:.3f}]  "
             f"max |diff| vs default {row['max_abs_diff_vs_default']:.2e}"
         )
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(results, indent=1) + "\n")
-    print(json.dumps({k: v for k, v in results.items() if k != "machine"}))
+    common.finish(results, config["out"], {k: v for k, v in results.items() if k != "machine"}, indent=1)
 
 
 if __name__ == "__main__":

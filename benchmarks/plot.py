@@ -2,33 +2,30 @@
 
 python benchmarks/plot.py
 python benchmarks/plot.py --timeline runs/grpo_tiny/version_0/timeline.json   # -> timeline.png beside it
+
+Each side-by-side benchmark's figure is drawn by its report module (``vs_trl_report.py``,
+``time_to_accuracy_report.py``, ``step_overhead_report.py``, and ``smollm2_learning.py``'s ``plot``)
+from the JSON its last run wrote; the two throughput benchmarks get a bar chart each.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 from pathlib import Path
+from typing import Any
 
-import matplotlib
+import common
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-
-RESULTS = Path(__file__).parent / "results"
-
-
-def bars(path: Path, title: str, labels: list[str], values: list[float], unit: str) -> None:
-    fig, ax = plt.subplots(figsize=(5, 3))
-    drawn = ax.bar(labels, values, color=["#9aa5b1", "#2f80ed", "#27ae60"][: len(labels)])
-    ax.bar_label(drawn, fmt="%.2f")
-    ax.set_ylabel(unit)
-    ax.set_title(title)
-    ax.grid(axis="y", alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    print(f"wrote {path}")
+# results file -> the module whose ``plot(results, path)`` draws it
+FIGURES = {
+    "vs_trl": "vs_trl_report",
+    "vs_trl_natural": "vs_trl_report",
+    "vs_trl_smollm2": "vs_trl_report",
+    "vs_trl_smollm2_natural": "vs_trl_report",
+    "smollm2_learning": "smollm2_learning",
+    "time_to_accuracy": "time_to_accuracy_report",
+    "step_overhead": "step_overhead_report",
+}
 
 
 def timeline_gantt(trace_path: Path, out: Path | None = None) -> Path:
@@ -43,53 +40,50 @@ def timeline_gantt(trace_path: Path, out: Path | None = None) -> Path:
     return out
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument(
-        "--timeline", type=Path, help="draw this run's timeline.json as a Gantt chart instead"
-    )
-    args = parser.parse_args()
-    if args.timeline is not None:
-        timeline_gantt(args.timeline)
-        return
-    path = RESULTS / "async_vs_sync.json"
+def run(config: dict[str, Any]) -> dict[str, Any]:
+    """Every figure whose results JSON exists (or, with ``config["timeline"]``, that run's Gantt
+    chart); the figures written."""
+    import importlib
+
+    if config.get("timeline") is not None:
+        return {"figures": [str(timeline_gantt(config["timeline"]))]}
+    results, drawn = common.RESULTS, []
+    path = results / "async_vs_sync.json"
     if path.is_file():
         s = json.loads(path.read_text())["summary"]
-        bars(
-            RESULTS / "async_vs_sync.png",
+        common.bars(
+            results / "async_vs_sync.png",
             f"GRPO steps/s on 2 CPU cores (speedup {s['speedup']:.2f}x)",
             ["sync (staleness 0)", "async (staleness 1)"],
             [s["sync_steps_per_s"], s["async_steps_per_s"]],
             "steps / s",
         )
-    # the side-by-side benchmarks draw their own figures (each module's ``plot``)
-    import smollm2_learning
-    import step_overhead
-    import time_to_accuracy
-    import vs_trl
-
-    for module, name in (
-        (vs_trl, "vs_trl"),
-        (vs_trl, "vs_trl_natural"),
-        (vs_trl, "vs_trl_smollm2"),
-        (vs_trl, "vs_trl_smollm2_natural"),
-        (smollm2_learning, "smollm2_learning"),
-        (time_to_accuracy, "time_to_accuracy"),
-        (step_overhead, "step_overhead"),
-    ):
-        path = RESULTS / f"{name}.json"
+        drawn.append(path.with_suffix(".png"))
+    for name, module in FIGURES.items():
+        path = results / f"{name}.json"
         if path.is_file():
-            module.plot(json.loads(path.read_text()), RESULTS / f"{name}.png")
-    path = RESULTS / "flow_grpo_throughput.json"
+            importlib.import_module(module).plot(json.loads(path.read_text()), path.with_suffix(".png"))
+            drawn.append(path.with_suffix(".png"))
+    path = results / "flow_grpo_throughput.json"
     if path.is_file():
         s = json.loads(path.read_text())
-        bars(
-            RESULTS / "flow_grpo_throughput.png",
+        common.bars(
+            results / "flow_grpo_throughput.png",
             f"Flow-GRPO images/s (speedup {s['speedup']:.2f}x)",
             ["sync", "async"],
             [s["sync_images_per_s"], s["async_images_per_s"]],
             "images / s",
         )
+        drawn.append(path.with_suffix(".png"))
+    return {"figures": [str(p.relative_to(common.REPO)) for p in drawn]}
+
+
+def main() -> None:
+    parser = common.script_parser(__doc__)
+    parser.add_argument(
+        "--timeline", type=Path, help="draw this run's timeline.json as a Gantt chart instead"
+    )
+    common.finish(run(common.parse_config(parser)), None)
 
 
 if __name__ == "__main__":

@@ -36,46 +36,31 @@ Throughput is measured after ``--warmup`` steps, from the end of the last warm-u
 the last step (start-up excluded); each configuration runs ``--runs`` times (interleaved, so slow
 phases of a shared machine hit every configuration alike) and the median is reported, with the
 range. Prints a table and a final JSON line; writes ``benchmarks/results/vs_trl.json``;
-``python benchmarks/plot.py`` draws ``benchmarks/results/vs_trl.png``.
+``python benchmarks/plot.py`` draws ``benchmarks/results/vs_trl.png``. The analysis and the figure
+are in ``vs_trl_report.py``, TRL's trainer in ``trl_side.py``.
 """
 
 from __future__ import annotations
 
 import json
-import os
-import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-os.environ.setdefault("RAY_AUTH_MODE", "token")
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import common
+import trl_side
+import vs_trl_report as report
 
-import common  # noqa: E402
-
-RESULTS_PATH = common.RESULTS / "vs_trl.json"
 WORKLOADS = {"base": 16, "long": 64, "smollm2": 16}  # new tokens per completion
 DEFAULT_WORKLOADS = ["base", "long"]
 WORKLOAD_SHAPE = {"smollm2": {"prompts": 4, "group": 4}}  # overrides of --prompts / --group
+OURS_SYNC = {"side": "ours", "max_staleness": 0, "max_inflight": 1}
 CONFIGS: dict[str, dict[str, Any]] = {
     "trl-1t": {"side": "trl", "threads": 1},
     "trl-2t": {"side": "trl", "threads": 2},
-    "sync": {
-        "side": "ours",
-        "max_staleness": 0,
-        "max_inflight": 1,
-        "trainer_threads": 1,
-        "worker_threads": 1,
-    },
-    "sync-2t": {
-        "side": "ours",
-        "max_staleness": 0,
-        "max_inflight": 1,
-        "trainer_threads": 2,
-        "worker_threads": 2,
-    },
+    "sync": {**OURS_SYNC, "trainer_threads": 1, "worker_threads": 1},
+    "sync-2t": {**OURS_SYNC, "trainer_threads": 2, "worker_threads": 2},
     "async": {
         "side": "ours",
         "max_staleness": 1,
@@ -87,65 +72,7 @@ CONFIGS: dict[str, dict[str, Any]] = {
 DEFAULT_CONFIGS = ["trl-1t", "trl-2t", "sync", "sync-2t", "async"]
 
 
-# -- one run (child process) -----------------------------------------------------------------------
-def _timing(stamps: list[float], warmup: int) -> tuple[int, float]:
-    """Steps and seconds from the end of the last warm-up step to the end of the last step."""
-    steps = len(stamps) - warmup
-    return steps, stamps[-1] - stamps[warmup - 1]
-
-
-def child_trl(cfg: dict[str, Any]) -> dict[str, Any]:
-    import torch
-    from transformers import TrainerCallback
-
-    from unirl_lightning.data.tasks import make_task
-
-    torch.set_num_threads(cfg["threads"])
-
-    class Clock(TrainerCallback):
-        def __init__(self) -> None:
-            self.stamps: list[float] = []
-
-        def on_step_end(self, args, state, control, **kwargs):  # noqa: ANN001, ANN201
-            self.stamps.append(time.perf_counter())
-
-    clock = Clock()
-    records = make_task("digit_successor", 1024, cfg["seed"], prefix_len=8)
-    with tempfile.TemporaryDirectory(prefix="trl-") as out:
-        trainer = common.make_trl_trainer(
-            cfg["model_dir"],
-            records,
-            prompts_per_step=cfg["prompts"],
-            group=cfg["group"],
-            max_new_tokens=cfg["max_new_tokens"],
-            lr=cfg["lr"],
-            seed=cfg["seed"],
-            max_steps=cfg["warmup"] + cfg["steps"],
-            suppress_eos=cfg["suppress_eos"],
-            output_dir=out,
-            callbacks=[clock],
-        )
-        trainer.train()
-    common.check_trl_counted(trainer)
-    steps, seconds = _timing(clock.stamps, cfg["warmup"])
-    w = cfg["warmup"]
-    tokens = trainer.completion_tokens[w:]
-    return {
-        "steps": steps,
-        "seconds": seconds,
-        "steps_per_s": steps / seconds,
-        "completions_per_s": steps * cfg["prompts"] * cfg["group"] / seconds,
-        "tokens_per_s": sum(tokens) / seconds,
-        "tokens_per_step": sorted(set(tokens)),
-        "prompt_tokens_per_step": sorted(set(trainer.prompt_tokens[w:])),
-        "generate_s": sum(trainer.generate_s[w:]) / steps,
-        "prepare_s": sum(trainer.prepare_s[w:]) / steps,  # generate + score + advantages (+ old log-probs)
-        "train_s": seconds / steps - sum(trainer.prepare_s[w:]) / steps,  # the rest of the step
-        "torch_threads": torch.get_num_threads(),
-        "trl": common.trl_version(),
-    }
-
-
+# -- one configuration (child process) -------------------------------------------------------------
 def child_ours(cfg: dict[str, Any]) -> dict[str, Any]:
     import torch
     from lightning.pytorch import Callback, Trainer, seed_everything
@@ -201,7 +128,7 @@ def child_ours(cfg: dict[str, Any]) -> dict[str, Any]:
         trainer.fit(module, datamodule=data)
     finally:
         strategy.shutdown()
-    steps, seconds = _timing(clock.stamps, cfg["warmup"])
+    steps, seconds = trl_side.timing(clock.stamps, cfg["warmup"])
     timed = clock.metrics[cfg["warmup"] :]
 
     def mean(key: str) -> float:
@@ -226,138 +153,60 @@ def child_ours(cfg: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def child(cfg: dict[str, Any]) -> None:
+def child(cfg: dict[str, Any]) -> dict[str, Any]:
+    result = trl_side.timed_run(cfg) if cfg["side"] == "trl" else child_ours(cfg)
+    return {"name": cfg["name"], "workload": cfg["workload"], **result}
+
+
+# -- the benchmark -----------------------------------------------------------------------------------
+def run(config: dict[str, Any]) -> dict[str, Any]:
+    """Every configuration of every workload, ``config["runs"]`` times (interleaved), each in its own
+    process; the summary, the config and the runs."""
     common.quiet()
-    result = child_trl(cfg) if cfg["side"] == "trl" else child_ours(cfg)
-    common.emit({"name": cfg["name"], "workload": cfg["workload"], **result})
-
-
-# -- the driver ----------------------------------------------------------------------------------
-def summarize(runs: list[dict[str, Any]], workloads: list[str], configs: list[str]) -> dict[str, Any]:
-    summary: dict[str, Any] = {}
-    for workload in workloads:
-        rows: dict[str, Any] = {}
-        for name in configs:
-            mine = [r for r in runs if r["workload"] == workload and r["name"] == name]
-            if not mine:
-                continue
-            tokens = sorted({t for r in mine for t in r["tokens_per_step"]})
-            rows[name] = {
-                "steps_per_s": common.spread([r["steps_per_s"] for r in mine]),
-                "completions_per_s": common.spread([r["completions_per_s"] for r in mine]),
-                "tokens_per_s": common.spread([r["tokens_per_s"] for r in mine]),
-                "generate_s": common.spread([r["generate_s"] for r in mine])["median"],
-                "train_s": common.spread([r.get("train_s") for r in mine])["median"],
-                "sync_s": common.spread([r.get("sync_s") for r in mine])["median"],
-                "sync_share": common.spread([r.get("sync_share") for r in mine])["median"],
-                "tokens_per_step": tokens,
-                "prompt_tokens_per_step": sorted(
-                    {t for r in mine for t in r.get("prompt_tokens_per_step", [])}
-                ),
-                "runs": len(mine),
-            }
-        best_trl = max(
-            (rows[n]["completions_per_s"]["median"] for n in rows if n.startswith("trl")), default=None
+    started = time.perf_counter()
+    suppress = config["stopping"] == "suppressed"
+    runs: list[dict[str, Any]] = []
+    with tempfile.TemporaryDirectory(prefix="vs-trl-model-") as model_dir:
+        model = common.build_model_dir(
+            model_dir, hidden=128, layers=4, intermediate=256, seed=config["seed"], suppress_eos=suppress
         )
-
-        def ratio(
-            name: str, base: float | None, key: str = "completions_per_s", rows: dict[str, Any] = rows
-        ) -> float | None:
-            if name not in rows or not base:
-                return None
-            return round(rows[name][key]["median"] / base, 3)
-
-        best_trl_tokens = max(
-            (rows[n]["tokens_per_s"]["median"] for n in rows if n.startswith("trl")), default=None
-        )
-
-        sync_base = rows["sync"]["completions_per_s"]["median"] if "sync" in rows else None
-        all_tokens = sorted({t for row in rows.values() for t in row["tokens_per_step"]})
-        all_prompt = sorted({t for row in rows.values() for t in row["prompt_tokens_per_step"]})
-        summary[workload] = {
-            "configs": rows,
-            "best_trl_completions_per_s": best_trl,
-            "sync_vs_best_trl": ratio("sync", best_trl),
-            "sync_2t_vs_best_trl": ratio("sync-2t", best_trl),
-            "async_vs_best_trl": ratio("async", best_trl),
-            "async_vs_sync": ratio("async", sync_base),
-            # per completion token (what counts when EOS ends completions at different lengths)
-            "best_trl_tokens_per_s": best_trl_tokens,
-            "sync_tokens_vs_best_trl": ratio("sync", best_trl_tokens, "tokens_per_s"),
-            "sync_2t_tokens_vs_best_trl": ratio("sync-2t", best_trl_tokens, "tokens_per_s"),
-            "async_tokens_vs_best_trl": ratio("async", best_trl_tokens, "tokens_per_s"),
-            "tokens_per_step": all_tokens,
-            "tokens_equal": len(all_tokens) == 1,
-            "prompt_tokens_per_step": all_prompt,
-        }
-    return summary
-
-
-def lengths(tokens: list[int]) -> str:
-    """The distinct tokens-per-step counts (a range when natural stopping makes them many)."""
-    return ",".join(map(str, tokens)) if len(tokens) <= 3 else f"{min(tokens)}-{max(tokens)}"
-
-
-def print_table(summary: dict[str, Any]) -> None:
-    header = (
-        f"{'workload':<8} {'config':<8} {'steps/s':>8} {'range':>13} {'compl/s':>8} {'vs TRL':>7} "
-        f"{'tok/s':>7} {'vs TRL':>7} {'gen s':>6} {'train s':>7} {'sync s':>7} {'tokens/step':>11}"
-    )
-    print(header)
-    for workload, s in summary.items():
-        best, best_tokens = s["best_trl_completions_per_s"], s["best_trl_tokens_per_s"]
-        for name, row in s["configs"].items():
-            sps = row["steps_per_s"]
-            cps = row["completions_per_s"]["median"]
-            vs = f"{cps / best:.2f}x" if best else "-"
-            tps = row["tokens_per_s"]["median"]
-            vs_tokens = f"{tps / best_tokens:.2f}x" if best_tokens else "-"
-            fmt = lambda v: "-" if v is None else f"{v:.3f}"  # noqa: E731
-            print(
-                f"{workload:<8} {name:<8} {sps['median']:>8.3f} {sps['min']:>6.2f}-{sps['max']:<6.2f} "
-                f"{cps:>8.1f} {vs:>7} {tps:>7.0f} {vs_tokens:>7} {fmt(row['generate_s']):>6} {fmt(row['train_s']):>7} "
-                f"{fmt(row['sync_s']):>7} {lengths(row['tokens_per_step']):>11}"
-            )
-
-
-def plot(results: dict[str, Any], path: Path) -> None:
-    """Completions/s (natural stopping: completion tokens/s) per configuration and workload (median,
-    bars = range over runs)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    summary = results["summary"]
-    fig, axes = plt.subplots(1, len(summary), figsize=(5 * len(summary), 3.4), squeeze=False)
-    colors = {
-        "trl-1t": "#c9ccd1",
-        "trl-2t": "#9aa5b1",
-        "sync": "#8fb8f0",
-        "sync-2t": "#2f80ed",
-        "async": "#27ae60",
-    }
-    key = (
-        "completions_per_s"
-        if results["config"].get("stopping", "suppressed") == "suppressed"
-        else "tokens_per_s"
-    )
-    for ax, (workload, s) in zip(axes[0], summary.items()):
-        names = list(s["configs"])
-        med = [s["configs"][n][key]["median"] for n in names]
-        lo = [m - s["configs"][n][key]["min"] for m, n in zip(med, names)]
-        hi = [s["configs"][n][key]["max"] - m for m, n in zip(med, names)]
-        bars = ax.bar(names, med, yerr=[lo, hi], capsize=3, color=[colors.get(n, "#777") for n in names])
-        ax.bar_label(bars, fmt="%.0f", padding=2)
-        tokens = lengths(s["tokens_per_step"])
-        ax.set_title(f"{workload}: {WORKLOADS.get(workload, '?')} new tokens ({tokens} tok/step)", fontsize=9)
-        ax.set_ylabel(key.replace("_per_s", " / s").replace("_", " "))
-        ax.grid(axis="y", alpha=0.3)
-    stopping = "EOS suppressed" if key == "completions_per_s" else "natural stopping (EOS ends completions)"
-    fig.suptitle(
-        f"GRPO vs TRL {results['config'].get('trl', '')} GRPOTrainer, 2 CPU cores\n{stopping}", fontsize=9
-    )
-    common.save_figure(fig, path)
+        model_dirs = {workload: model_dir for workload in config["workloads"]}
+        if "smollm2" in config["workloads"]:
+            model_dirs["smollm2"] = str(Path(model_dir) / "smollm2")
+            model = {"tiny": model, "smollm2": common.build_smollm2_dir(model_dirs["smollm2"], suppress)}
+        for run_index in range(config["runs"]):
+            for workload in config["workloads"]:
+                for name in config["configs"]:
+                    cfg = {
+                        "name": name,
+                        "workload": workload,
+                        "run": run_index,
+                        "model_dir": model_dirs[workload],
+                        "max_new_tokens": WORKLOADS[workload],
+                        "steps": config["steps"] if workload == "base" else config["steps_long"],
+                        "warmup": config["warmup"],
+                        "prompts": config["prompts"],
+                        "group": config["group"],
+                        **WORKLOAD_SHAPE.get(workload, {}),
+                        "lr": config["lr"],
+                        "seed": config["seed"],
+                        "suppress_eos": suppress,
+                        **CONFIGS[name],
+                    }
+                    result = common.run_child(Path(__file__), cfg)
+                    result["run"] = run_index
+                    runs.append(result)
+                    print(
+                        f"  run {run_index} {workload:<5} {name:<8} {result['steps_per_s']:.3f} steps/s "
+                        f"({result['completions_per_s']:.0f} completions/s, tokens/step {result['tokens_per_step']}, "
+                        f"process {result['process_s']:.0f} s)",
+                        flush=True,
+                    )
+    summary = report.summarize(runs, config["workloads"], config["configs"])
+    trl = next((r.get("trl") for r in runs if r.get("trl")), trl_side.trl_version())
+    recorded = config | {"out": None, "child": None, "trl": trl, "model": model, "machine": common.machine()}
+    recorded["wall_s"] = round(time.perf_counter() - started, 1)
+    return {"summary": summary, "config": recorded, "runs": runs}
 
 
 def main() -> None:
@@ -381,82 +230,19 @@ def main() -> None:
         "completions as in real runs (compare tokens/s)",
     )
     parser.add_argument("--out", default=None, help="default: results/vs_trl.json (vs_trl_natural.json)")
-    args = parser.parse_args()
-    if args.child:
-        child(json.loads(args.child))
-        return
-    suppress = args.stopping == "suppressed"
-    if args.out is None:
-        args.out = str(RESULTS_PATH if suppress else RESULTS_PATH.with_name("vs_trl_natural.json"))
-    if args.quick:
-        args.runs, args.steps, args.steps_long, args.warmup = 1, 3, 2, 2
-
-    common.quiet()
-    started = time.perf_counter()
-    runs: list[dict[str, Any]] = []
-    with tempfile.TemporaryDirectory(prefix="vs-trl-model-") as model_dir:
-        model = common.build_model_dir(
-            model_dir, hidden=128, layers=4, intermediate=256, seed=args.seed, suppress_eos=suppress
+    config = common.parse_config(parser, child=child)
+    if config["out"] is None:
+        config["out"] = str(
+            common.results_path("vs_trl" if config["stopping"] == "suppressed" else "vs_trl_natural")
         )
-        model_dirs = {workload: model_dir for workload in args.workloads}
-        if "smollm2" in args.workloads:
-            model_dirs["smollm2"] = str(Path(model_dir) / "smollm2")
-            model = {"tiny": model, "smollm2": common.build_smollm2_dir(model_dirs["smollm2"], suppress)}
-        for run in range(args.runs):
-            for workload in args.workloads:
-                for name in args.configs:
-                    cfg = {
-                        "name": name,
-                        "workload": workload,
-                        "run": run,
-                        "model_dir": model_dirs[workload],
-                        "max_new_tokens": WORKLOADS[workload],
-                        "steps": args.steps if workload == "base" else args.steps_long,
-                        "warmup": args.warmup,
-                        "prompts": args.prompts,
-                        "group": args.group,
-                        **WORKLOAD_SHAPE.get(workload, {}),
-                        "lr": args.lr,
-                        "seed": args.seed,
-                        "suppress_eos": suppress,
-                        **CONFIGS[name],
-                    }
-                    result = common.run_child(Path(__file__), cfg)
-                    result["run"] = run
-                    runs.append(result)
-                    print(
-                        f"  run {run} {workload:<5} {name:<8} {result['steps_per_s']:.3f} steps/s "
-                        f"({result['completions_per_s']:.0f} completions/s, tokens/step {result['tokens_per_step']}, "
-                        f"process {result['process_s']:.0f} s)",
-                        flush=True,
-                    )
-    summary = summarize(runs, args.workloads, args.configs)
-    print_table(summary)
-    trl = next((r.get("trl") for r in runs if r.get("trl")), common.trl_version())
-    config = vars(args) | {
-        "out": None,
-        "child": None,
-        "trl": trl,
-        "model": model,
-        "machine": common.machine(),
-    }
-    config["wall_s"] = round(time.perf_counter() - started, 1)
-    results = {"summary": summary, "config": config, "runs": runs}
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(results, indent=2) + "\n")
-    plot(results, Path(args.out).with_suffix(".png"))
-    final = {
-        workload: {
-            "completions_per_s": {n: c["completions_per_s"]["median"] for n, c in s["configs"].items()},
-            "sync_vs_best_trl": s["sync_vs_best_trl"],
-            "async_vs_best_trl": s["async_vs_best_trl"],
-            "async_vs_sync": s["async_vs_sync"],
-            "sync_tokens_vs_best_trl": s["sync_tokens_vs_best_trl"],
-            "async_tokens_vs_best_trl": s["async_tokens_vs_best_trl"],
-        }
-        for workload, s in summary.items()
-    }
-    print(json.dumps({"trl_version": trl, "quick": args.quick, "stopping": args.stopping, **final}))
+    if config["quick"]:
+        config.update(runs=1, steps=3, steps_long=2, warmup=2)
+    results = run(config)
+    report.print_table(results["summary"])
+    out = common.write_results(results, config["out"])
+    report.plot(results, out.with_suffix(".png"))
+    head = {"trl_version": results["config"]["trl"], "quick": config["quick"], "stopping": config["stopping"]}
+    print(json.dumps({**head, **report.final_line(results["summary"])}))
 
 
 if __name__ == "__main__":

@@ -24,24 +24,21 @@ Usage::
 
 from __future__ import annotations
 
-import argparse
-import json
 import os
 import platform
 import statistics
-import sys
 import time
-from pathlib import Path
+from typing import Any
 
 os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "1"  # the engine core in its own process
 os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-RESULTS_PATH = Path(__file__).resolve().parent / "results" / "weight_push_paths.json"
+import common  # noqa: E402
 
 
-def time_path(name: str, args, policy, model) -> dict:
+def time_path(name: str, config: dict[str, Any], policy, model) -> dict:
+    """``config["pushes"]`` pushes of ``model`` into one vLLM worker along path ``name``, after a warm-up one."""
     import ray
 
     from unirl_lightning.engines.vllm import VLLMEngineConfig
@@ -49,23 +46,25 @@ def time_path(name: str, args, policy, model) -> dict:
     from unirl_lightning.workers import RolloutWorkerGroup
 
     workers = RolloutWorkerGroup(
-        VLLMEngineConfig(bucket_mb=args.bucket_mb),
+        VLLMEngineConfig(bucket_mb=config["bucket_mb"]),
         policy,
         num_cpus_per_worker=1,
         runtime_env={"env_vars": {"VLLM_ENABLE_V1_MULTIPROCESSING": "1"}},
         start_timeout_s=600,
     )
     if name == "collective":
-        sync = CollectiveWeightSync(bucket_mb=args.bucket_mb, timeout_s=600, backend="gloo")
+        sync = CollectiveWeightSync(bucket_mb=config["bucket_mb"], timeout_s=600, backend="gloo")
     else:
         sync = ObjectStoreWeightSync(timeout_s=600)
     times: list[float] = []
     try:
-        for version in range(1, args.pushes + 2):  # push 1: warm-up (the collective one builds the group)
+        for version in range(
+            1, config["pushes"] + 2
+        ):  # push 1: warm-up (the collective one builds the group)
             start = time.perf_counter()
             stats = sync.push(model, workers, weight_version=version)
             times.append(time.perf_counter() - start)
-        assert ray.get(workers.workers[0].weight_version.remote()) == args.pushes + 1
+        assert ray.get(workers.workers[0].weight_version.remote()) == config["pushes"] + 1
         receiving = None
         if name == "collective":
             receiving = ray.get(
@@ -88,13 +87,8 @@ def time_path(name: str, args, policy, model) -> dict:
     }
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--pushes", type=int, default=5, help="timed pushes per path, after one warm-up")
-    parser.add_argument("--bucket-mb", type=float, default=128, help="bucket size of both paths")
-    parser.add_argument("--paths", nargs="+", default=["collective", "object_store"])
-    args = parser.parse_args()
-
+def run(config: dict[str, Any]) -> dict[str, Any]:
+    """Every path of ``config["paths"]`` on SmolLM2 in one Ray session; the record."""
     import ray
     import torch
 
@@ -105,7 +99,7 @@ def main() -> None:
     policy = PretrainedCausalLM("smollm2-135m-instruct", dtype="float32", chat=True)
     model, _ = policy.build()  # the trainer's copy
     try:
-        rows = [time_path(name, args, policy, model) for name in args.paths]
+        rows = [time_path(name, config, policy, model) for name in config["paths"]]
     finally:
         ray.shutdown()
     record = {
@@ -116,19 +110,27 @@ def main() -> None:
         },
         "engine": "vllm (CPU build), engine core in its own process",
         "backend": "gloo (CPU)",
-        "bucket_mb": args.bucket_mb,
+        "bucket_mb": config["bucket_mb"],
         "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "torch": torch.__version__},
         "results": rows,
     }
+    return record
+
+
+def main() -> None:
+    parser = common.script_parser(__doc__)
+    parser.add_argument("--pushes", type=int, default=5, help="timed pushes per path, after one warm-up")
+    parser.add_argument("--bucket-mb", type=float, default=128, help="bucket size of both paths")
+    parser.add_argument("--paths", nargs="+", default=["collective", "object_store"])
+    config = common.parse_config(parser)
+    record = run(config)
     print(f"{'path':<14}{'first push s':>14}{'median s':>10}{'min s':>8}{'max s':>8}{'GB/s':>7}{'MB':>8}")
-    for r in rows:
+    for r in record["results"]:
         print(
             f"{r['path']:<14}{r['first_push_s']:>14.3f}{r['push_s_median']:>10.3f}{r['push_s_min']:>8.3f}"
             f"{r['push_s_max']:>8.3f}{r['GB_per_s']:>7.2f}{r['bytes'] / 1e6:>8.0f}"
         )
-    RESULTS_PATH.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS_PATH.write_text(json.dumps(record, indent=2) + "\n")
-    print(json.dumps(record))
+    common.finish(record, "weight_push_paths")
 
 
 if __name__ == "__main__":

@@ -15,23 +15,18 @@ Prints a table and a final JSON line, writes ``benchmarks/results/weight_sync_ra
 
 from __future__ import annotations
 
-import argparse
-import json
-import os
 import statistics
-import subprocess
-import sys
-import tempfile
 from pathlib import Path
+from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
-RESULTS_PATH = ROOT / "benchmarks" / "results" / "weight_sync_ranks.json"
-LAUNCHER_VARIABLES = ("LOCAL_RANK", "NODE_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "RAY_ADDRESS")
+import common
+
+CONFIGS = [(1, "single"), (2, "ddp"), (2, "fsdp")]  # (ranks, parallel)
 
 
-def child(config: dict) -> None:
-    os.environ.setdefault("RAY_AUTH_MODE", "token")
-    sys.path.insert(0, str(ROOT))
+def child(config: dict) -> dict[str, Any] | None:
+    """One configuration's fit (with 2 ranks Lightning re-runs this command for rank 1); rank 0's
+    syncs (the other ranks return None: only rank 0 prints the result)."""
     import torch
     from lightning.pytorch import Callback, Trainer, seed_everything
 
@@ -80,19 +75,13 @@ def child(config: dict) -> None:
         "digit_successor", batch_size=4, num_train_prompts=256, task_kwargs={"prefix_len": 2}
     )
     trainer.fit(module, datamodule=data)
-    out = Path(config["out"]) / f"rank{trainer.global_rank}.json"
-    out.write_text(json.dumps(syncs.syncs))
+    return {"syncs": syncs.syncs} if trainer.global_rank == 0 else None
 
 
-def run(config: dict) -> dict:
-    with tempfile.TemporaryDirectory() as out:
-        env = {k: v for k, v in os.environ.items() if k not in LAUNCHER_VARIABLES}
-        env["RAY_AUTH_MODE"] = "token"
-        command = [sys.executable, __file__, "--child", json.dumps({**config, "out": out})]
-        done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
-        if done.returncode != 0:
-            raise RuntimeError(f"{config} failed:\n{done.stderr[-3000:]}")
-        syncs = json.loads((Path(out) / "rank0.json").read_text())[1:]  # the first sync warms up
+def run_one(config: dict) -> dict:
+    """One configuration in a fresh process: rank 0's sync time and bytes."""
+    name = f"{config['backend']}-{config['ranks']}-{config['parallel']}"
+    syncs = common.run_child(Path(__file__), {**config, "name": name})["syncs"][1:]  # the first warms up
     return {
         **config,
         "sync_ms_median": 1e3 * statistics.median(s["sync/time_s"] for s in syncs),
@@ -103,32 +92,30 @@ def run(config: dict) -> dict:
     }
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--steps", type=int, default=12)
-    parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
-    args = parser.parse_args()
-    if args.child:
-        child(json.loads(args.child))
-        return
-    configs = [(1, "single"), (2, "ddp"), (2, "fsdp")]
+def run(config: dict[str, Any]) -> dict[str, Any]:
+    """Every backend x (1 rank, 2 DDP ranks, 2 FSDP ranks); the record."""
     rows = [
-        run({"ranks": ranks, "parallel": parallel, "backend": backend, "steps": args.steps})
+        run_one({"ranks": ranks, "parallel": parallel, "backend": backend, "steps": config["steps"]})
         for backend in ("object_store", "collective")
-        for ranks, parallel in configs
+        for ranks, parallel in CONFIGS
     ]
+    return {"rows": rows, "model": "TinyCausalLM(hidden 256, 4 layers)", "machine": "2 CPU cores"}
+
+
+def main() -> None:
+    parser = common.script_parser(__doc__)
+    parser.add_argument("--steps", type=int, default=12)
+    config = common.parse_config(parser, child=child)
+    record = run(config)
     print(
         f"{'backend':<13} {'ranks':>5} {'parallel':>8} {'sync ms (median)':>17} {'MB per rank':>12} {'MB total':>9}"
     )
-    for row in rows:
+    for row in record["rows"]:
         print(
             f"{row['backend']:<13} {row['ranks']:>5} {row['parallel']:>8} {row['sync_ms_median']:>17.1f} "
             f"{row['bytes_per_rank'] / 1e6:>12.2f} {row['bytes_total'] / 1e6:>9.2f}"
         )
-    record = {"rows": rows, "model": "TinyCausalLM(hidden 256, 4 layers)", "machine": "2 CPU cores"}
-    RESULTS_PATH.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS_PATH.write_text(json.dumps(record, indent=2) + "\n")
-    print(json.dumps(record))
+    common.finish(record, "weight_sync_ranks")
 
 
 if __name__ == "__main__":

@@ -27,6 +27,11 @@ default one when it has none) evaluates the held-out prompts once, and the figur
 one JSON line (``eval/reward_mean``, ``eval/accuracy``, ``eval/pass@k``, ``eval/mean@n``,
 ``eval/maj@n``, ...). Without ``--ckpt_path`` the initial model is evaluated.
 
+``unirl-lightning plan --config X.yaml [--cluster 1x8x80] [--model_config DIR] [--output plan.json]``
+parses the config as ``fit`` does and builds nothing (no model, no Ray): the setup rules ``fit`` runs,
+the placement of ranks and workers on the declared cluster, and an estimate of each GPU's memory
+(:mod:`unirl_lightning.plan`); it exits 1 naming the key when a check fails.
+
 Errors exit with code 2 and a parser message. The console script keeps Ray's token authentication
 on without its start-up warning (``RAY_AUTH_MODE=token`` unless set), and exits 143 on SIGTERM.
 """
@@ -74,7 +79,8 @@ def _strategy_settings(trainer: Any) -> dict[str, Any] | None:
     given = dict(given.items()) if hasattr(given, "items") else vars(given or {})
     defaults = inspect.signature(RolloutStrategyMixin.init_rollout).parameters
     return {
-        key: given.get(key, defaults[key].default) for key in ("placement", "max_staleness", "max_inflight")
+        key: given.get(key, defaults[key].default)
+        for key in ("placement", "max_staleness", "max_inflight", "weight_sync", "max_worker_restarts")
     }
 
 
@@ -151,7 +157,9 @@ def resolve_last_checkpoint(config: Any) -> None:
 
 def check_combinations(config: Any) -> None:
     """Reject configurations that parse but cannot run, before anything is built; the message names
-    the keys (the rules are the strategy's own, :func:`check_rollout_settings`)."""
+    the keys (the rules are the strategy's own, :func:`check_rollout_settings`, and
+    :func:`~unirl_lightning.preflight.sync_replacement_error`)."""
+    from unirl_lightning.preflight import sync_replacement_error
     from unirl_lightning.runtime import check_rollout_settings
 
     trainer = config.get("trainer") if hasattr(config, "get") else None
@@ -159,9 +167,19 @@ def check_combinations(config: Any) -> None:
     if settings is None:
         return
     try:
-        check_rollout_settings(**settings)
+        check_rollout_settings(**{k: settings[k] for k in ("placement", "max_staleness", "max_inflight")})
     except ValueError as exc:
         raise ValueError(f"trainer.strategy.init_args: {exc}") from None
+    devices, nodes = trainer.get("devices"), int(trainer.get("num_nodes") or 1)
+    world = (
+        len(devices) if isinstance(devices, list) else int(devices) if str(devices).isdigit() else 1
+    ) * nodes
+    sharded = trainer.get("strategy").get("class_path") == "unirl_lightning.strategy.AsyncRolloutFSDPStrategy"
+    error = sync_replacement_error(
+        str(settings["weight_sync"]), sharded, world, int(settings["max_worker_restarts"])
+    )
+    if error is not None:
+        raise ValueError(f"trainer.strategy.init_args: {error}")
 
 
 def add_rl_progress_bar(config: Any) -> None:
@@ -376,6 +394,130 @@ def run_validate(args: list[str]) -> dict[str, float] | None:
     return metrics
 
 
+class PlanCLI(CheckpointCLI):
+    """``unirl-lightning plan``: the fit config parsed as ``fit`` parses it (same checks), nothing built;
+    :func:`unirl_lightning.plan.plan_recipe` against ``--cluster`` (default: the config's
+    ``# cluster:`` header line) with the model's shapes from ``--model_config`` (default:
+    ``examples/model_configs/<model name>``)."""
+
+    prog = "unirl-lightning plan"
+    description = "Check a recipe against the cluster it names, without building anything."
+    ckpt_help = "ignored (a fit config key)"
+
+    def add_arguments_to_parser(self, parser: Any) -> None:
+        super().add_arguments_to_parser(parser)
+        parser.add_argument(
+            "--cluster", type=str | None, default=None, help="NODESxGPUSxGIB (e.g. 1x8x80) or cpu"
+        )
+        parser.add_argument(
+            "--model_config",
+            type=str | None,
+            default=None,
+            help="a folder with config.json and tokenizer_config.json",
+        )
+        parser.add_argument("--output", type=str | None, default=None, help="write the plan as JSON here")
+
+    def before_instantiate_classes(self) -> None:
+        config = self.config
+        try:
+            check_combinations(config)
+            check_reward_paths(config)
+        except ValueError as exc:
+            self.plan_error = str(exc)  # a finding of the plan, reported with the rest
+        else:
+            self.plan_error = None
+
+    def instantiate_classes(self) -> None:
+        """Nothing is built."""
+        self.model = self.trainer = self.datamodule = None
+
+    def plan(self) -> dict[str, Any]:
+        from unirl_lightning.plan import ModelShape, parse_cluster, plan_recipe
+
+        config = self.config
+        files = [str(path) for path in config.get("config") or []]
+        cluster_text = config.get("cluster") or _header_cluster(files)
+        if cluster_text is None:
+            self.parser.error(
+                "plan needs --cluster (NODESxGPUSxGIB, e.g. 1x8x80, or cpu) or a '# cluster:' header line"
+            )
+        try:
+            cluster = parse_cluster(cluster_text)
+        except ValueError as exc:
+            self.parser.error(str(exc))
+        plain = config.clone()
+        plain.pop("config", None)
+        data = _plain(plain)
+        folder = config.get("model_config") or _bundled_model_config(data)
+        shape = ModelShape.from_dir(folder) if folder else None
+        result = plan_recipe(data, cluster, shape)
+        if self.plan_error and not any(f["message"] in self.plan_error for f in result["findings"]):
+            result["ok"] = False
+            result["findings"].insert(0, {"level": "error", "key": "config", "message": self.plan_error})
+        result["cluster"] = cluster_text
+        result["model_config"] = str(folder) if folder else None
+        if config.get("output"):
+            Path(config["output"]).write_text(json.dumps(result, indent=2) + "\n")
+        return result
+
+
+def _plain(node: Any) -> Any:
+    if isinstance(node, Namespace):
+        return {key: _plain(value) for key, value in vars(node).items()}
+    if isinstance(node, list | tuple):
+        return [_plain(value) for value in node]
+    if isinstance(node, Path):
+        return str(node)
+    return node if isinstance(node, str | int | float | bool | type(None) | dict) else str(node)
+
+
+def _header_cluster(files: list[str]) -> str | None:
+    """The ``# cluster: X`` line at the top of the last config file, or None."""
+    for path in reversed(files):
+        for line in Path(path).read_text().splitlines():
+            if not line.startswith("#"):
+                break
+            if line.lower().startswith("# cluster:"):
+                return line.split(":", 1)[1].strip()
+    return None
+
+
+MODEL_CONFIGS = Path(__file__).resolve().parent.parent / "examples" / "model_configs"
+
+
+def _bundled_model_config(config: dict[str, Any]) -> Path | None:
+    """``examples/model_configs/<last part of the policy's name_or_path>`` when it exists."""
+    policy = ((config.get("model") or {}).get("init_args") or {}).get("policy") or {}
+    name = (policy.get("init_args") or {}).get("name_or_path")
+    folder = MODEL_CONFIGS / str(name).rstrip("/").split("/")[-1] if name else None
+    return folder if folder is not None and (folder / "config.json").is_file() else None
+
+
+def format_plan(result: dict[str, Any]) -> str:
+    """The plan as a table: findings, then the figures."""
+    lines = [f"plan on {result['cluster']}: {'OK' if result['ok'] else 'FAILS'}"]
+    for finding in result["findings"]:
+        lines.append(f"  {finding['level']:<7} {finding['key']}: {finding['message']}")
+    for name, figure in result["figures"].items():
+        if isinstance(figure, dict):
+            lines.append(f"  {name}:")
+            lines += [f"    {key:<24} {value}" for key, value in figure.items()]
+        else:
+            lines.append(f"  {name:<26} {figure}")
+    return "\n".join(lines)
+
+
+def run_plan(args: list[str]) -> dict[str, Any]:
+    """``unirl-lightning plan ARGS``: prints the plan; exits 1 when a check fails."""
+    with warnings.catch_warnings():  # LightningCLI's note on args given beside sys.argv: main() passes them
+        warnings.filterwarnings("ignore", message="LightningCLI's args parameter")
+        result = PlanCLI(args=args).plan()
+    print(format_plan(result))
+    if not result["ok"]:
+        sys.exit(1)
+    return result
+
+
 def run_cli(args: list[str] | None = None, **kwargs: Any) -> UniRLCLI:
     """Build and run the CLI; returns it (its ``trainer``, ``model``, ``datamodule``)."""
     import unirl_lightning.strategy  # noqa: F401  registers "async_rollout" with Lightning
@@ -406,6 +548,9 @@ def main(args: list[str] | None = None) -> None:
     argv = sys.argv[1:] if args is None else list(args)
     if argv[:1] == ["export"]:
         run_export(argv[1:])
+        return
+    if argv[:1] == ["plan"]:
+        run_plan(argv[1:])
         return
     if argv[:1] == ["validate"]:
         try:

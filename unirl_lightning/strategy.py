@@ -40,6 +40,7 @@ from unirl_lightning.checkpoint_io import AtomicCheckpointIO
 from unirl_lightning.checks import require_positive
 from unirl_lightning.cli_types import NonNegativeInt, PositiveInt
 from unirl_lightning.engines import EngineConfig, EngineName
+from unirl_lightning.preflight import sync_replacement_error
 from unirl_lightning.rollout.loop import DeferredBatch
 from unirl_lightning.runtime import (
     Placement,
@@ -136,6 +137,7 @@ class RolloutStrategyMixin:
         if self.root_device.type == "cpu":
             torch.set_num_threads(self.rollout.trainer_threads or threads["trainer"])
         if self.runtime is None:
+            self.preflight(trainer.world_size)  # before Ray and any worker start
             self._connect_ray(trainer.world_size)
             spec = trainer.lightning_module.rollout_spec()
             settings = replace(self.rollout, rank=self.global_rank, worker_threads=threads["worker"])
@@ -144,6 +146,17 @@ class RolloutStrategyMixin:
             self.runtime.start(trainer.lightning_module.policy)
             self.runtime.report_placement(trainer)  # placement.json, the table; overlaps fail
         self.barrier("rollout workers started")
+
+    shards_model = False
+    """Whether the training ranks shard the model (FSDP): a replaced worker cannot be fed by gathering it."""
+
+    def preflight(self, world_size: int) -> None:
+        """The setup rules of :mod:`unirl_lightning.preflight` that read the strategy alone, checked on every
+        rank at the same point (so every rank refuses together), before any worker starts."""
+        kind = {"CollectiveWeightSync": "collective"}.get(type(self.weight_sync).__name__, "other")
+        error = sync_replacement_error(kind, self.shards_model, world_size, self.rollout.max_worker_restarts)
+        if error is not None:
+            raise ValueError(error)
 
     def _connect_ray(self, world_size: int) -> None:
         """One Ray for every rank: rank 0 starts (or joins ``RAY_ADDRESS``) it, the others join it. A Ray
@@ -367,6 +380,8 @@ class AsyncRolloutFSDPStrategy(RolloutStrategyMixin, ModelParallelStrategy):
         Trainer(strategy=AsyncRolloutFSDPStrategy(max_staleness=1, num_workers=1), accelerator="cpu",
                 devices=2, max_steps=100)
     """
+
+    shards_model = True
 
     strategy_name = "async_rollout_fsdp"
 

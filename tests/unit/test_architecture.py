@@ -115,6 +115,8 @@ LAYERS: list[tuple[str, ...]] = [
         "sharding",
         "checkpoint_io",
         "ray_watchdog",
+        "preflight",
+        "plan",
     ),
     # 2: pure tensor functions
     ("algorithms",),

@@ -39,8 +39,8 @@ from typing import Any
 import torch
 from lightning.pytorch import LightningModule
 from lightning.pytorch.callbacks import Callback, RichProgressBar, TQDMProgressBar
-from lightning.pytorch.plugins import MixedPrecision
 from lightning.pytorch.strategies import ParallelStrategy
+from lightning.pytorch.utilities import rank_zero_warn
 
 from unirl_lightning.callbacks import (
     CheckpointOnExit,
@@ -56,6 +56,7 @@ from unirl_lightning.modules.microbatch import MicroBatch, MicroBatcher
 from unirl_lightning.modules.optim import LOW_PRECISION_DTYPES, adamw, upcast_trainable_parameters
 from unirl_lightning.modules.ranks import distributed_world_size, mean_over_ranks
 from unirl_lightning.modules.spec import RolloutSpec
+from unirl_lightning.preflight import fused_optimizer_allowed, precision_warning
 from unirl_lightning.sharding import full_tensor
 from unirl_lightning.weight_sync.base import set_serving_dtype
 
@@ -266,13 +267,22 @@ class PolicyGradientModule(RLModule):
 
     # -- shared machinery -----------------------------------------------------------------------
     def configure_optimizers(self) -> torch.optim.Optimizer:
+        """AdamW over the policy's trainable parameters, fused where the trainer's precision allows it
+        (:func:`~unirl_lightning.preflight.fused_optimizer_allowed`; a warning names the fix when the
+        module computes in a low dtype of its own, :func:`~unirl_lightning.preflight.precision_warning`)."""
         params = [p for p in self.policy.parameters() if p.requires_grad]
-        # Lightning's AMP plugin (``Trainer(precision="16-mixed" | "bf16-mixed")``) refuses to clip
-        # the gradients of an optimizer that unscales them itself, as the fused kernel does
         trainer = self.attached_trainer()
-        amp = trainer is not None and isinstance(trainer.precision_plugin, MixedPrecision)
+        precision = trainer.precision if trainer is not None else None
+        dtype = str(self.compute_dtype).removeprefix("torch.") if self.compute_dtype is not None else None
+        warning = precision_warning(precision, dtype)
+        if warning is not None:
+            rank_zero_warn(warning)
         return adamw(
-            params, allow_fused=not amp, lr=self.lr, weight_decay=self.weight_decay, betas=self.betas
+            params,
+            allow_fused=fused_optimizer_allowed(precision),
+            lr=self.lr,
+            weight_decay=self.weight_decay,
+            betas=self.betas,
         )
 
     def setup(self, stage: str) -> None:

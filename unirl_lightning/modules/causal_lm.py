@@ -23,6 +23,7 @@ from __future__ import annotations
 import functools
 
 import torch
+from lightning.pytorch.utilities import rank_zero_warn
 
 from unirl_lightning.algorithms import (
     LossAggregation,
@@ -48,6 +49,7 @@ from unirl_lightning.modules.tokens import (
     enable_gradient_checkpointing,
     sequence_logprobs,
 )
+from unirl_lightning.preflight import chat_template_warning
 from unirl_lightning.rewards import ExactMatchReward, Reward, resolve_reward
 from unirl_lightning.rollout.batches import ExperienceBatch
 from unirl_lightning.rollout.records import SamplingParams
@@ -201,6 +203,13 @@ class CausalLMModule(PolicyGradientModule):
             self.policy = apply_lora(self.policy, self.lora, LLM_LORA_TARGETS)
         if self.gradient_checkpointing:
             enable_gradient_checkpointing(self.policy)
+        chat_warning = chat_template_warning(
+            bool(getattr(self.policy_spec, "chat", False)),
+            bool(getattr(self.tokenizer, "chat_template", None)),
+            str(getattr(self.policy_spec, "name_or_path", type(self.policy_spec).__name__)),
+        )
+        if chat_warning is not None:
+            rank_zero_warn(chat_warning)
         self.reward = resolve_reward(reward) if reward is not None else ExactMatchReward()
         self.sampling = SamplingParams(
             temperature=temperature,

@@ -16,10 +16,10 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-import ray
 import torch
 import torch.distributed as dist
 
+from unirl_lightning.preflight import sync_replacement_error
 from unirl_lightning.sharding import full_tensor, is_sharded
 from unirl_lightning.weight_sync.base import (
     PushTargets,
@@ -77,19 +77,15 @@ def receive_device(backend: str) -> torch.device:
 
 
 def _check_replaceable(tensors: dict[str, torch.Tensor], workers: PushTargets) -> None:
-    """Refuse a model sharded over several ranks when workers may be replaced: a replacement is
-    served by one rank alone, and this backend can only send it the weights by gathering the shards
-    (a collective the other ranks are not in). Checked at every push, so at setup's first push every
-    rank refuses at the same point, before any collective."""
-    if workers.max_restarts == 0 or not any(is_sharded(t) for t in tensors.values()):
-        return
-    if dist.is_initialized() and dist.get_world_size() > 1:
-        raise ValueError(
-            "weight_sync='collective' cannot feed a replaced rollout worker of a sharded (FSDP) model "
-            f"over {dist.get_world_size()} ranks (it would gather the shards on one rank alone): use "
-            "weight_sync='object_store', which re-sends its last push to a replacement, or "
-            f"max_worker_restarts=0 (got {workers.max_restarts})"
-        )
+    """Refuse a model sharded over several ranks when workers may be replaced
+    (:func:`~unirl_lightning.preflight.sync_replacement_error`; the strategy's setup checks the same rule
+    before any worker starts). Checked at every push too, so every rank refuses at the same point,
+    before any collective."""
+    world = dist.get_world_size() if dist.is_initialized() else 1
+    sharded = any(is_sharded(t) for t in tensors.values())
+    error = sync_replacement_error("collective", sharded, world, workers.max_restarts)
+    if error is not None:
+        raise ValueError(error)
 
 
 def dtype_names(dtypes: list[torch.dtype | str]) -> list[str]:
@@ -181,6 +177,8 @@ class CollectiveWeightSync:
         self._workers_key: tuple[Any, ...] | None = None
 
     def _connect(self, workers: PushTargets, device: torch.device) -> None:
+        import ray
+
         backend = self.backend if self.backend != "auto" else ("nccl" if device.type == "cuda" else "gloo")
         host, port = "127.0.0.1", _free_port()
         if len(ray.nodes()) > 1:  # a real cluster: workers dial this node's address
@@ -196,6 +194,8 @@ class CollectiveWeightSync:
         self._send_device = device if backend == "nccl" else torch.device("cpu")
 
     def _get(self, refs: list[Any], what: str) -> list[Any]:
+        import ray
+
         try:
             return ray.get(refs, timeout=self.timeout_s)
         except ray.exceptions.GetTimeoutError as exc:

@@ -25,7 +25,6 @@ from __future__ import annotations
 import time
 from typing import Any
 
-import ray
 import torch
 
 from unirl_lightning.checks import require_positive
@@ -99,6 +98,8 @@ class ObjectStoreWeightSync:
         return SyncStats(time.perf_counter() - start, pushed.bytes, pushed.num_tensors)
 
     def _keep_limit(self) -> float:
+        import ray
+
         if self.keep_last_mb is not None:
             return self.keep_last_mb * 1024**2
         node = ray.get_runtime_context().get_node_id()
@@ -111,6 +112,8 @@ class ObjectStoreWeightSync:
         """Put each bucket (or take each ref) and have every worker load it; a bucket is put while
         the workers load the one before, and released once they did (unless ``keep``). One bucket:
         one ``load_weights``. Returns the refs kept."""
+        import ray
+
         deadline = time.monotonic() + self.timeout_s
         head = [next(buckets)]
         second = next(buckets, None)
@@ -156,6 +159,8 @@ class ObjectStoreWeightSync:
         return kept
 
     def _wait(self, futures: list[Any], deadline: float, weight_version: int) -> None:
+        import ray
+
         try:
             ray.get(futures, timeout=max(0.0, deadline - time.monotonic()))
         except ray.exceptions.GetTimeoutError as exc:
@@ -175,6 +180,8 @@ def _chain(head: list[Any], rest: Any) -> Any:
 
 
 def _put(bucket: Any) -> Any:
+    import ray
+
     return bucket if isinstance(bucket, ray.ObjectRef) else ray.put(bucket)
 
 

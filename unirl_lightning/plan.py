@@ -1,0 +1,390 @@
+"""``unirl-lightning plan``: a recipe checked against the cluster it names, before anyone rents one.
+
+:func:`plan_recipe` takes a fit config as plain data (what the CLI parsed, defaults filled in), a
+declared cluster and the model's shapes (a ``config.json``), and returns the findings: the setup
+rules of :mod:`unirl_lightning.preflight` (the same functions ``fit`` runs), the placement of every
+training rank and rollout worker on the cluster, and an estimate of the memory of each training GPU
+and each vLLM worker. Nothing is built: no model, no Ray, no engine (standard library only).
+
+The memory figures are an **estimate** (bytes, per GPU; ``docs/gpus.md`` has the terms):
+
+* training rank: fp32 master weights, gradients and AdamW's two moments of the trainable parameters
+  (16 bytes each, sharded over the FSDP ranks of a node), the frozen weights in the policy's dtype
+  (LoRA base, KL reference), the FSDP2 all-gather of two blocks in fp32, the activations of one
+  micro-batch (every block's with gradient; with checkpointing only each block's input plus one
+  block's), the logits of the chunked log-probs and their gradient, and one pushed tensor;
+* vLLM worker: weights in the serving dtype over the tensor-parallel GPUs, a fixed activation
+  profile, and what is left of ``gpu_memory_utilization`` for the KV cache, against the sequences
+  the batch, group and in-flight settings put on it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import re
+from pathlib import Path
+from typing import Any
+
+from unirl_lightning.preflight import (
+    chat_template_warning,
+    precision_warning,
+    sync_replacement_error,
+)
+
+__all__ = ["Cluster", "Finding", "ModelShape", "parse_cluster", "plan_recipe"]
+
+GIB = 1024**3
+FSDP_STRATEGY = "unirl_lightning.strategy.AsyncRolloutFSDPStrategy"
+DDP_STRATEGY = "unirl_lightning.strategy.AsyncRolloutDDPStrategy"
+VLLM_ENGINE = "unirl_lightning.engines.vllm.VLLMEngineConfig"
+CAUSAL_LM_SPECS = ("unirl_lightning.models.PretrainedCausalLM", "unirl_lightning.models.TinyCausalLM")
+DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+ACTIVATION_PROFILE_GIB = 2.0  # vLLM's profiling run: one max-batch forward, a few GiB on a 7B model
+PROMPT_TOKENS_GUESS = 256  # the prompt length assumed for KV-cache sizing (the recipe does not say)
+
+
+@dataclasses.dataclass(frozen=True)
+class Cluster:
+    """``nodes`` nodes of ``gpus`` GPUs with ``gib`` GiB each; ``gpus == 0``: a CPU machine."""
+
+    nodes: int
+    gpus: int
+    gib: float
+
+    @property
+    def cpu(self) -> bool:
+        return self.gpus == 0
+
+
+def parse_cluster(text: str) -> Cluster:
+    """``"NODESxGPUSxGIB"`` (``"1x8x80"``: one node of eight 80 GiB GPUs) or ``"cpu"``."""
+    if text.strip().lower() == "cpu":
+        return Cluster(1, 0, 0.0)
+    match = re.fullmatch(r"\s*(\d+)x(\d+)x(\d+(?:\.\d+)?)\s*", text)
+    if not match or int(match[1]) < 1 or int(match[2]) < 1:
+        raise ValueError(
+            f"cluster: expected NODESxGPUSxGIB (e.g. '1x8x80': 1 node of 8 GPUs with 80 GiB each) or 'cpu', got {text!r}"
+        )
+    return Cluster(int(match[1]), int(match[2]), float(match[3]))
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelShape:
+    """The shapes of a decoder-only transformer, read from its ``config.json``."""
+
+    hidden: int
+    layers: int
+    heads: int
+    kv_heads: int
+    intermediate: int
+    vocab: int
+    positions: int
+    tied: bool
+    has_chat_template: bool | None = None
+
+    @classmethod
+    def from_dir(cls, folder: str | Path) -> ModelShape:
+        folder = Path(folder)
+        config = json.loads((folder / "config.json").read_text())
+        tokenizer = folder / "tokenizer_config.json"
+        template = None
+        if tokenizer.is_file():
+            template = bool(json.loads(tokenizer.read_text()).get("chat_template"))
+        return cls(
+            hidden=int(config["hidden_size"]),
+            layers=int(config["num_hidden_layers"]),
+            heads=int(config["num_attention_heads"]),
+            kv_heads=int(config.get("num_key_value_heads", config["num_attention_heads"])),
+            intermediate=int(config["intermediate_size"]),
+            vocab=int(config["vocab_size"]),
+            positions=int(config.get("max_position_embeddings", 0)),
+            tied=bool(config.get("tie_word_embeddings", False)),
+            has_chat_template=template,
+        )
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden // self.heads
+
+    @property
+    def block_params(self) -> int:
+        attention = self.hidden * self.hidden * 2 + 2 * self.hidden * self.kv_heads * self.head_dim
+        return attention + 3 * self.hidden * self.intermediate + 2 * self.hidden
+
+    @property
+    def params(self) -> int:
+        embeddings = self.vocab * self.hidden * (1 if self.tied else 2)
+        return self.layers * self.block_params + embeddings + self.hidden
+
+    def lora_params(self, rank: int) -> int:
+        """Adapters on the attention and MLP projections of every block (the LLM targets)."""
+        kv = self.kv_heads * self.head_dim
+        shapes = [(self.hidden, self.hidden)] * 2 + [(self.hidden, kv)] * 2
+        shapes += [(self.hidden, self.intermediate)] * 2 + [(self.intermediate, self.hidden)]
+        return self.layers * sum(rank * (a + b) for a, b in shapes)
+
+    def activation_bytes_per_token(self) -> int:
+        """Bytes one block keeps for its backward per token, in a 2-byte compute dtype: the inputs of
+        its norms, projections, attention and SwiGLU MLP (an estimate; docs/gpus.md)."""
+        return 2 * (12 * self.hidden + 5 * self.intermediate)
+
+
+@dataclasses.dataclass(frozen=True)
+class Finding:
+    """One result of the plan: ``level`` is ``"error"``, ``"warning"`` or ``"info"``; ``key`` the setting."""
+
+    level: str
+    key: str
+    message: str
+
+
+def _get(node: Any, *keys: str, default: Any = None) -> Any:
+    for key in keys:
+        if not isinstance(node, dict):
+            return default
+        node = node.get(key)
+    return default if node is None else node
+
+
+def _world(trainer: dict[str, Any], cluster: Cluster) -> int:
+    devices = trainer.get("devices", "auto")
+    nodes = int(trainer.get("num_nodes") or 1)
+    if isinstance(devices, list):
+        per_node = len(devices)
+    elif isinstance(devices, int) or (isinstance(devices, str) and devices.isdigit()):
+        per_node = int(devices)
+    elif devices == -1 or cluster.cpu:
+        per_node = cluster.gpus or 1
+    else:
+        per_node = 1
+    return per_node * nodes
+
+
+def plan_recipe(config: dict[str, Any], cluster: Cluster, shape: ModelShape | None) -> dict[str, Any]:
+    """The findings and figures of ``config`` (a parsed fit config as plain data) on ``cluster``."""
+    findings: list[Finding] = []
+    trainer = config.get("trainer") or {}
+    strategy = trainer.get("strategy") if isinstance(trainer.get("strategy"), dict) else {}
+    rollout = strategy.get("init_args") or {}
+    model = _get(config, "model", "init_args", default={})
+    policy = _get(model, "policy", "init_args", default={})
+    world = _world(trainer, cluster)
+    per_node = max(1, world // int(trainer.get("num_nodes") or 1))
+    sharded = strategy.get("class_path") == FSDP_STRATEGY
+    restarts = int(rollout.get("max_worker_restarts", 3))
+    weight_sync = rollout.get("weight_sync", "object_store")
+    error = sync_replacement_error(str(weight_sync), sharded, world, restarts)
+    if error:
+        findings.append(Finding("error", "trainer.strategy.init_args.max_worker_restarts", error))
+    causal = _get(model, "policy", "class_path") in CAUSAL_LM_SPECS  # the modules that autocast themselves
+    warning = precision_warning(trainer.get("precision"), policy.get("dtype")) if causal else None
+    if warning:
+        findings.append(Finding("warning", "trainer.precision", warning))
+    if shape is not None and shape.has_chat_template is not None:
+        chat = chat_template_warning(
+            bool(policy.get("chat")), shape.has_chat_template, str(policy.get("name_or_path"))
+        )
+        if chat:
+            findings.append(Finding("warning", "model.init_args.policy.init_args.chat", chat))
+    max_new = int(model.get("max_new_tokens") or 16)
+    if shape is not None and shape.positions and max_new >= shape.positions:
+        findings.append(
+            Finding(
+                "error",
+                "model.init_args.max_new_tokens",
+                f"max_new_tokens={max_new} does not fit the model's {shape.positions} positions",
+            )
+        )
+    figures: dict[str, Any] = {"world_size": world}
+    if not cluster.cpu and (shape is None or not causal):
+        findings.append(
+            Finding(
+                "info",
+                "model",
+                "memory not estimated: it is for causal-LM recipes whose model shapes are known "
+                "(--model_config DIR); the rules and the placement were checked",
+            )
+        )
+    if not cluster.cpu:
+        _plan_placement(findings, figures, rollout, world, per_node, cluster)
+        if shape is not None and causal:
+            _plan_training_memory(findings, figures, config, shape, cluster, per_node if sharded else 1)
+            _plan_worker_memory(findings, figures, config, shape, cluster, world)
+    ok = not any(f.level == "error" for f in findings)
+    return {"ok": ok, "findings": [dataclasses.asdict(f) for f in findings], "figures": figures}
+
+
+def _plan_placement(
+    findings: list[Finding],
+    figures: dict[str, Any],
+    rollout: dict[str, Any],
+    world: int,
+    per_node: int,
+    cluster: Cluster,
+) -> None:
+    workers = world * int(rollout.get("num_workers", 1))
+    gpus_per_worker = float(rollout.get("num_gpus_per_worker", 0))
+    colocate = rollout.get("placement", "separate") == "colocate"
+    worker_gpus = 0.0 if colocate else workers * gpus_per_worker
+    figures["placement"] = {
+        "training_gpus": world,
+        "workers": workers,
+        "worker_gpus": worker_gpus,
+        "cluster_gpus": cluster.nodes * cluster.gpus,
+    }
+    if per_node > cluster.gpus:
+        findings.append(
+            Finding(
+                "error",
+                "trainer.devices",
+                f"{per_node} training ranks per node do not fit a node of {cluster.gpus} GPUs",
+            )
+        )
+    if world + worker_gpus > cluster.nodes * cluster.gpus:
+        findings.append(
+            Finding(
+                "error",
+                "trainer.strategy.init_args.num_workers",
+                f"{world} training GPUs + {workers} workers x {gpus_per_worker:g} GPUs = "
+                f"{world + worker_gpus:g} GPUs, more than the cluster's {cluster.nodes * cluster.gpus}",
+            )
+        )
+    engine = rollout.get("engine")
+    tp = _get(engine, "init_args", "tensor_parallel_size") if isinstance(engine, dict) else None
+    if tp is not None and gpus_per_worker and int(tp) != gpus_per_worker:
+        findings.append(
+            Finding(
+                "error",
+                "trainer.strategy.init_args.engine.init_args.tensor_parallel_size",
+                f"tensor_parallel_size={tp} differs from num_gpus_per_worker={gpus_per_worker:g}",
+            )
+        )
+
+
+def _micro_batch_tokens(config: dict[str, Any], rows: int, row_tokens: int) -> int:
+    model = _get(config, "model", "init_args", default={})
+    budget = model.get("micro_batch_tokens")
+    cap_rows = model.get("micro_batch_rows")
+    tokens = rows * row_tokens
+    if cap_rows:
+        tokens = min(tokens, int(cap_rows) * row_tokens)
+    if budget:
+        tokens = min(tokens, max(int(budget), row_tokens))
+    return tokens
+
+
+def _plan_training_memory(
+    findings: list[Finding],
+    figures: dict[str, Any],
+    config: dict[str, Any],
+    shape: ModelShape,
+    cluster: Cluster,
+    shards: int,
+) -> None:
+    model = _get(config, "model", "init_args", default={})
+    policy = _get(model, "policy", "init_args", default={})
+    dtype_bytes = DTYPE_BYTES.get(str(policy.get("dtype", "bfloat16")), 2)
+    lora = model.get("lora")
+    trainable = shape.lora_params(int(_get(lora, "rank", default=8))) if lora else shape.params
+    frozen = shape.params if lora else 0
+    if float(model.get("kl_coef") or 0) > 0 and not lora:
+        frozen += shape.params  # the reference copy
+    batch = int(_get(config, "data", "init_args", "batch_size", default=8))
+    rows = batch * int(model.get("num_generations") or 8) // max(1, int(model.get("mini_batches") or 1))
+    row_tokens = PROMPT_TOKENS_GUESS + int(model.get("max_new_tokens") or 16)
+    tokens = _micro_batch_tokens(config, rows, row_tokens)
+    checkpointing = bool(model.get("gradient_checkpointing"))
+    per_block = shape.activation_bytes_per_token()
+    if checkpointing:
+        activations = tokens * (shape.layers * 2 * shape.hidden + per_block)
+    else:
+        activations = tokens * shape.layers * per_block
+    terms = {
+        "states_fp32": 16 * trainable / shards,
+        "frozen_weights": dtype_bytes * frozen / shards,
+        "fsdp_gather": 2 * 4 * shape.block_params if shards > 1 else 0,
+        "activations": activations,
+        "logits": tokens * shape.vocab * (2 + 2),
+        "push_tensor": 2 * shape.vocab * shape.hidden,
+    }
+    total = sum(terms.values())
+    figures["training_gpu"] = {
+        "micro_batch_tokens": tokens,
+        "gradient_checkpointing": checkpointing,
+        **{k: round(v / GIB, 2) for k, v in terms.items()},
+        "total_gib": round(total / GIB, 2),
+        "gpu_gib": cluster.gib,
+    }
+    if total > cluster.gib * GIB:
+        findings.append(
+            Finding(
+                "error",
+                "model.init_args.gradient_checkpointing"
+                if not checkpointing
+                else "model.init_args.micro_batch_tokens",
+                f"a training GPU needs about {total / GIB:.0f} GiB ({', '.join(f'{k} {v / GIB:.1f}' for k, v in terms.items())}) "
+                f"of its {cluster.gib:g} GiB at {tokens} tokens per micro-batch: turn gradient_checkpointing on "
+                "and/or lower micro_batch_tokens",
+            )
+        )
+
+
+def _plan_worker_memory(
+    findings: list[Finding],
+    figures: dict[str, Any],
+    config: dict[str, Any],
+    shape: ModelShape,
+    cluster: Cluster,
+    world: int,
+) -> None:
+    rollout = _get(config, "trainer", "strategy", "init_args", default={})
+    engine = rollout.get("engine")
+    if not (isinstance(engine, dict) and engine.get("class_path") == VLLM_ENGINE):
+        return
+    args = engine.get("init_args") or {}
+    tp = int(
+        args.get("tensor_parallel_size") or max(1, math.ceil(float(rollout.get("num_gpus_per_worker", 1))))
+    )
+    utilization = float(args.get("gpu_memory_utilization", 0.5))
+    weights = 2 * shape.params / tp
+    budget = utilization * cluster.gib * GIB
+    kv_budget = budget - weights - ACTIVATION_PROFILE_GIB * GIB
+    kv_per_token = 2 * shape.layers * shape.kv_heads * shape.head_dim * 2 / tp
+    model = _get(config, "model", "init_args", default={})
+    batch = int(_get(config, "data", "init_args", "batch_size", default=8))
+    sequences = (
+        batch
+        * int(model.get("num_generations") or 8)
+        * int(rollout.get("max_inflight", 2))
+        // max(1, int(rollout.get("num_workers", 1)))
+    )
+    row_tokens = PROMPT_TOKENS_GUESS + int(model.get("max_new_tokens") or 16)
+    figures["vllm_worker_gpu"] = {
+        "weights_gib": round(weights / GIB, 2),
+        "budget_gib": round(budget / GIB, 2),
+        "kv_cache_gib": round(max(kv_budget, 0) / GIB, 2),
+        "kv_tokens": int(max(kv_budget, 0) / kv_per_token),
+        "concurrent_sequences": sequences,
+        "tokens_needed": sequences * row_tokens,
+    }
+    key = "trainer.strategy.init_args.engine.init_args.gpu_memory_utilization"
+    if kv_budget <= 0:
+        findings.append(
+            Finding(
+                "error",
+                key,
+                f"a vLLM worker's weights ({weights / GIB:.1f} GiB) and activation profile "
+                f"({ACTIVATION_PROFILE_GIB:g} GiB) exceed gpu_memory_utilization={utilization} x {cluster.gib:g} GiB",
+            )
+        )
+    elif kv_budget / kv_per_token < sequences * row_tokens:
+        findings.append(
+            Finding(
+                "warning",
+                key,
+                f"a vLLM worker's KV cache holds about {int(kv_budget / kv_per_token)} tokens, fewer than the "
+                f"{sequences} sequences x {row_tokens} tokens in flight: vLLM queues the rest",
+            )
+        )

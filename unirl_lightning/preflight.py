@@ -1,0 +1,70 @@
+"""Setup rules as pure functions of the settings (standard library only: no torch, no Ray).
+
+``fit`` applies each where it applies today (the CLI at parse time, the strategy's setup before any
+worker starts, the weight push, the optimizer) and ``unirl-lightning plan`` applies the same
+functions to a recipe without building anything, so no rule exists in one of them alone. A rule
+returns the problem as a message naming the keys and the fix, or None when the settings are fine.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "MIXED_PRECISIONS",
+    "chat_template_warning",
+    "fused_optimizer_allowed",
+    "precision_warning",
+    "sync_replacement_error",
+]
+
+MIXED_PRECISIONS = frozenset({"16-mixed", "bf16-mixed", "16", "bf16"})
+"""Lightning's automatic-mixed-precision settings (``"16"`` and ``"bf16"`` are its old names for them)."""
+
+LOW_PRECISION_DTYPES = frozenset({"bfloat16", "float16"})
+
+
+def sync_replacement_error(
+    weight_sync: str, sharded: bool, world_size: int, max_worker_restarts: int
+) -> str | None:
+    """A model sharded over several ranks (FSDP) cannot feed a replaced worker over
+    ``weight_sync="collective"``: a replacement is served by one rank alone, and this backend can
+    only send it the weights by gathering the shards, a collective the other ranks are not in. The
+    object store re-sends its last push instead; or no worker is ever replaced."""
+    if weight_sync != "collective" or not sharded or world_size <= 1 or max_worker_restarts == 0:
+        return None
+    return (
+        "weight_sync='collective' cannot feed a replaced rollout worker of a sharded (FSDP) model "
+        f"over {world_size} ranks (it would gather the shards on one rank alone): use "
+        "weight_sync='object_store', which re-sends its last push to a replacement, or "
+        f"max_worker_restarts=0 (got {max_worker_restarts})"
+    )
+
+
+def fused_optimizer_allowed(precision: str | int | None) -> bool:
+    """Whether the modules' AdamW may use its fused kernel under the trainer's ``precision``:
+    Lightning's AMP plugin (``"16-mixed"``, ``"bf16-mixed"``) refuses to clip the gradients of an
+    optimizer that unscales them itself, as the fused kernel does."""
+    return str(precision) not in MIXED_PRECISIONS
+
+
+def precision_warning(precision: str | int | None, policy_dtype: str | None) -> str | None:
+    """A causal-LM module whose policy is bf16/fp16 already computes in that dtype under its own
+    autocast over float32 masters; Lightning's mixed precision on top adds nothing but turns the
+    fused AdamW off."""
+    if fused_optimizer_allowed(precision) or policy_dtype not in LOW_PRECISION_DTYPES:
+        return None
+    return (
+        f"trainer.precision={str(precision)!r} turns the fused AdamW off (Lightning's AMP refuses to clip a "
+        f"fused optimizer), and the module already computes in its policy's dtype ({policy_dtype}) under "
+        "autocast over float32 masters: set trainer.precision: 32-true"
+    )
+
+
+def chat_template_warning(chat: bool, has_chat_template: bool, name: str) -> str | None:
+    """An instruct model (its tokenizer has a chat template) prompted with raw text rambles to the
+    token budget."""
+    if chat or not has_chat_template:
+        return None
+    return (
+        f"policy {name!r} has a chat template but chat is off: its prompts are raw text, which an "
+        "instruct model tends to answer at length, up to max_new_tokens: set policy.init_args.chat: true"
+    )
