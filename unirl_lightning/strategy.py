@@ -19,10 +19,14 @@ its workers, advances the same version at the same RL step, and a barrier ends i
 
 from __future__ import annotations
 
+import _thread
 import logging
 import math
 import os
 import shutil
+import sys
+import threading
+import time
 from dataclasses import replace
 from datetime import timedelta
 from typing import Any, Literal
@@ -36,6 +40,7 @@ from lightning.pytorch.strategies import (
     StrategyRegistry,
 )
 
+from unirl_lightning.abort import CrossRankAbort
 from unirl_lightning.checkpoint_io import AtomicCheckpointIO
 from unirl_lightning.checks import require_positive
 from unirl_lightning.cli_types import NonNegativeInt, PositiveInt
@@ -85,6 +90,10 @@ class RolloutStrategyMixin:
             ones in proportion) before it counts as hung and is replaced.
         max_worker_restarts: dead or hung workers replaced over the run (the new actor gets the current
             weights, lost requests are relaunched); past that the run fails naming the worker and why.
+        abort_timeout_s: several training ranks: an exception on one rank (at setup, in a reward, a push
+            or a training step) ends every other rank within this many seconds, with that rank's error
+            (:mod:`unirl_lightning.abort`), instead of leaving them in a collective until the process
+            group's ``timeout_s``; a rank that stops answering this long (killed) counts as failed.
     """
 
     def init_rollout(
@@ -104,7 +113,10 @@ class RolloutStrategyMixin:
         worker_resources: dict[str, float] | None = None,
         worker_layout: Literal["actor", "per_gpu"] = "actor",
         offload_optimizer: bool = False,
+        abort_timeout_s: float = 60.0,
     ) -> None:
+        self.abort_timeout_s = float(require_positive("abort_timeout_s", abort_timeout_s))
+        self.cross_rank_abort: CrossRankAbort | None = None
         self.rollout = RolloutSettings(
             engine,
             int(max_staleness),
@@ -136,6 +148,16 @@ class RolloutStrategyMixin:
         threads = self.rollout.cpu_threads(trainer.world_size, trainer.num_nodes)
         if self.root_device.type == "cpu":
             torch.set_num_threads(self.rollout.trainer_threads or threads["trainer"])
+        if trainer.world_size > 1 and self.cross_rank_abort is None:
+            self.cross_rank_abort = CrossRankAbort.connect(
+                self.global_rank,
+                trainer.world_size,
+                self.broadcast,
+                host=os.environ.get("MASTER_ADDR", "127.0.0.1"),
+                on_abort=self._end_for_peer,
+                poll_s=min(1.0, self.abort_timeout_s / 20),
+                timeout_s=self.abort_timeout_s,
+            ).start()
         if self.runtime is None:
             self.preflight(trainer.world_size)  # before Ray and any worker start
             self._connect_ray(trainer.world_size)
@@ -278,6 +300,8 @@ class RolloutStrategyMixin:
 
     # -- teardown -------------------------------------------------------------------------------
     def on_exception(self, exception: BaseException) -> None:
+        if self.cross_rank_abort is not None:  # first: the other ranks stop waiting for this one
+            self.cross_rank_abort.signal(f"rank {self.global_rank}: {type(exception).__name__}: {exception}")
         log.warning("stopping rollout workers after %s", type(exception).__name__)
         self.failed = True
         self.shutdown()  # no collective here: another rank may be gone
@@ -286,6 +310,9 @@ class RolloutStrategyMixin:
     def teardown(self) -> None:
         """Several ranks: stop this rank's workers, then Ray in order (the joined ranks first, rank 0
         last). One rank keeps its workers for the next ``fit`` on the same strategy."""
+        if self.cross_rank_abort is not None:  # a clean end: rank 0's store closing is no failure
+            self.cross_rank_abort.stop()
+            self.cross_rank_abort = None
         if self.world_size > 1 and not self.failed and self.runtime is not None:
             import ray
 
@@ -295,6 +322,25 @@ class RolloutStrategyMixin:
                 ray.shutdown()
             self.barrier("rollout teardown: joined ranks left Ray")
         super().teardown()
+
+    def _end_for_peer(self, message: str) -> None:
+        """Another rank failed (:mod:`unirl_lightning.abort`): interrupt this rank's main thread, give it
+        a moment to unwind (it cannot while blocked in a collective), then stop this rank's workers and
+        exit with status 1. Runs on the abort thread."""
+        grace = min(10.0, self.abort_timeout_s / 4)
+        print(
+            f"rank {self.global_rank}: ending the run, another rank failed: {message}",
+            file=sys.stderr,
+            flush=True,
+        )
+        self.failed = True
+        time.sleep(min(2.0, grace))  # the failing rank prints its own traceback first
+        _thread.interrupt_main()
+        time.sleep(grace)
+        cleanup = threading.Thread(target=self.shutdown, name="unirl-abort-cleanup", daemon=True)
+        cleanup.start()
+        cleanup.join(grace)
+        os._exit(1)
 
     def shutdown(self) -> None:
         """Kill the workers (and the local Ray this run started). Safe to call twice."""

@@ -6,10 +6,12 @@ metrics, a checksum of the trained weights and whether the workers hold them bit
     python tests/distributed/ddp_run.py --out DIR --mode sync|async --max-steps N [--ckpt PATH]
         [--parallel ddp|fsdp] [--sharded-checkpoint] [--weight-sync object_store|collective]
         [--timeout-s S] [--kill-worker-rank R --kill-at-step K] [--raise-rank R --raise-at-step K]
+        [--raise-reward-rank R --raise-at-call K]
 
 Faults: ``--kill-worker-rank R --kill-at-step K`` SIGKILLs rank R's rollout worker at the start of
 RL step K (a request is in flight in async mode); ``--raise-rank R --raise-at-step K`` raises inside
-rank R's training step K (the run fails; nothing is written).
+rank R's training step K (the run fails; nothing is written); ``--raise-reward-rank R --raise-at-call K``
+raises in the reward of rank R's rollout worker at its K-th call.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ from tests.builders import tiny_module  # noqa: E402
 from unirl_lightning.callbacks import WeightSyncCallback, WeightVersionLogger  # noqa: E402
 from unirl_lightning.data import PromptDataModule  # noqa: E402
 from unirl_lightning.lora import LoraSpec  # noqa: E402
+from unirl_lightning.rewards import ExactMatchReward  # noqa: E402
 from unirl_lightning.sharding import full_tensor, local_numel  # noqa: E402
 from unirl_lightning.strategy import AsyncRolloutDDPStrategy, AsyncRolloutFSDPStrategy  # noqa: E402
 
@@ -120,6 +123,23 @@ def raise_in_training_step(module, rank: int, at_step: int, out: Path) -> None:
     module.training_step = failing_step
 
 
+class FailingReward(ExactMatchReward):
+    """Exact match that raises at its ``at_call``-th call in the rollout worker of rank ``rank`` only
+    (each rank builds its own module: ``LOCAL_RANK`` says which); the time goes to ``out/raised_at``."""
+
+    def __init__(self, rank: int, at_call: int, out: Path) -> None:
+        super().__init__()
+        self.fails = int(os.environ.get("LOCAL_RANK", "0")) == rank
+        self.rank, self.at_call, self.out, self.calls = rank, at_call, str(out), 0
+
+    def __call__(self, completions, records):
+        self.calls += 1
+        if self.fails and self.calls == self.at_call:
+            Path(self.out, "raised_at").write_text(repr(time.time()))
+            raise RuntimeError(f"injected reward failure on rank {self.rank} at call {self.at_call}")
+        return super().__call__(completions, records)
+
+
 def whole_state(pl_module) -> dict:
     """The policy's tensors whole (a sharded policy is gathered: every rank runs this, in the same order)."""
     return {k: full_tensor(v) for k, v in pl_module.policy.state_dict().items()}
@@ -158,6 +178,8 @@ def main() -> None:
     parser.add_argument("--kill-at-step", type=int, default=2)
     parser.add_argument("--raise-rank", type=int, default=None)
     parser.add_argument("--raise-at-step", type=int, default=2)
+    parser.add_argument("--raise-reward-rank", type=int, default=None)
+    parser.add_argument("--raise-at-call", type=int, default=3)
     args = parser.parse_args()
     out = Path(args.out)
     torch.set_num_threads(1)
@@ -198,6 +220,8 @@ def main() -> None:
     module = tiny_module(lora=LoraSpec(rank=args.lora) if args.lora else None)
     if args.raise_rank is not None:
         raise_in_training_step(module, args.raise_rank, args.raise_at_step, out)
+    if args.raise_reward_rank is not None:
+        module.reward = FailingReward(args.raise_reward_rank, args.raise_at_call, out)
     data = PromptDataModule(
         train="digit_successor",
         batch_size=4,

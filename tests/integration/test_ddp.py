@@ -139,7 +139,15 @@ def marked_processes(marker: str) -> list[psutil.Process]:
     return found
 
 
-def test_an_exception_on_rank_1_ends_the_run_on_every_rank_within_the_deadline(tmp_path):
+def assert_nothing_left(marker: str) -> None:
+    """Nothing of the run is left: ranks, Ray's head (gcs_server, raylet, agents), workers, watchdog."""
+    deadline = time.monotonic() + 20
+    while (left := marked_processes(marker)) and time.monotonic() < deadline:
+        time.sleep(1)
+    assert not left, [(p.pid, p.name()) for p in left]
+
+
+def a_marker() -> str:
     marker = f"ddp-raise-{uuid.uuid4().hex}"
     probe = subprocess.Popen(["sleep", "60"], env={**os.environ, RUN_MARKER: marker})
     try:  # the check below can see a process of ours by its marker
@@ -147,21 +155,40 @@ def test_an_exception_on_rank_1_ends_the_run_on_every_rank_within_the_deadline(t
     finally:
         probe.kill()
         probe.wait()
-    timeout_s = 60  # the process group's: the deadline of any collective a rank waits in
-    fault = ["--raise-rank", "1", "--raise-at-step", "2", "--timeout-s", str(timeout_s)]
+    return marker
+
+
+ABORT_TIMEOUT_S = 60  # the strategy's default abort_timeout_s; the process group's timeout stays 1800 s
+
+
+def test_an_exception_on_rank_1_ends_the_run_on_every_rank_within_the_deadline(tmp_path):
+    marker = a_marker()
+    fault = ["--raise-rank", "1", "--raise-at-step", "2"]
     done = launch(tmp_path, "sync", 6, None, "ddp", *fault, marker=marker)
     ended = time.time()
     assert done.returncode != 0
     assert "RuntimeError: injected failure on rank 1 at step 2" in done.stderr, done.stderr[-4000:]
-    assert ended - float((tmp_path / "raised_at").read_text()) < timeout_s + 30, (
+    assert ended - float((tmp_path / "raised_at").read_text()) < ABORT_TIMEOUT_S, (
         "a rank outlived the deadline"
     )
     # the failing rank saved nothing and said so; the periodic last.ckpt (after step 1) stands
     assert "rank 1: no checkpoint saved after RuntimeError" in done.stderr
     assert "resume with --ckpt_path last" not in done.stderr
     assert torch.load(tmp_path / "ckpt" / "last.ckpt", weights_only=True)["global_step"] == 2
-    # nothing of the run is left: ranks, Ray's head (gcs_server, raylet, agents), workers, watchdog
-    deadline = time.monotonic() + 20
-    while (left := marked_processes(marker)) and time.monotonic() < deadline:
-        time.sleep(1)
-    assert not left, [(p.pid, p.name()) for p in left]
+    assert_nothing_left(marker)
+
+
+def test_a_reward_that_raises_in_rank_1s_worker_ends_every_rank_within_the_abort_timeout(tmp_path):
+    """The reward runs in rank 1's rollout worker; rank 0 is then waiting in a collective (the
+    process group's timeout is 1800 s) and is ended by the cross-rank abort, naming rank 1's error."""
+    marker = a_marker()
+    fault = ["--raise-reward-rank", "1", "--raise-at-call", "3"]
+    done = launch(tmp_path, "sync", 8, None, "ddp", *fault, marker=marker)
+    ended = time.time()
+    assert done.returncode != 0
+    assert "injected reward failure on rank 1 at call 3" in done.stderr, done.stderr[-4000:]
+    assert "rank 0: ending the run, another rank failed: rank 1:" in done.stderr, done.stderr[-4000:]
+    assert ended - float((tmp_path / "raised_at").read_text()) < ABORT_TIMEOUT_S, (
+        "a rank outlived the deadline"
+    )
+    assert_nothing_left(marker)

@@ -117,6 +117,7 @@ LAYERS: list[tuple[str, ...]] = [
         "ray_watchdog",
         "preflight",
         "plan",
+        "abort",
     ),
     # 2: pure tensor functions
     ("algorithms",),
