@@ -43,20 +43,23 @@ import os
 if not os.environ.get("RAY_ADDRESS"):  # before anything imports ray: it reads the mode at import
     os.environ.setdefault("RAY_AUTH_MODE", "token")
 
+import difflib  # noqa: E402
 import importlib  # noqa: E402
 import importlib.util  # noqa: E402
 import inspect  # noqa: E402
 import json  # noqa: E402
 import logging  # noqa: E402
+import re  # noqa: E402
 import sys  # noqa: E402
+import traceback  # noqa: E402
 import warnings  # noqa: E402
 from pathlib import Path  # noqa: E402
-from typing import Any  # noqa: E402
+from typing import Any, NoReturn  # noqa: E402
 
 from jsonargparse import ActionYesNo, Namespace  # noqa: E402
 from lightning.pytorch import LightningDataModule  # noqa: E402
 from lightning.pytorch.callbacks import ModelCheckpoint, ProgressBar  # noqa: E402
-from lightning.pytorch.cli import LightningCLI  # noqa: E402
+from lightning.pytorch.cli import LightningArgumentParser, LightningCLI  # noqa: E402
 from lightning.pytorch.utilities.exceptions import SIGTERMException  # noqa: E402
 
 from unirl_lightning.imports import import_callable  # noqa: E402
@@ -182,6 +185,105 @@ def check_combinations(config: Any) -> None:
         raise ValueError(f"trainer.strategy.init_args: {error}")
 
 
+def check_data_paths(config: Any) -> None:
+    """A ``train`` / ``val`` prompt source of the data module that is neither a built-in task, nor
+    ``hf:<id>``, nor an existing file or folder fails here, naming the key, before any run folder is
+    made (``fit`` only: ``plan`` and ``export`` need no data)."""
+    from unirl_lightning.data.tasks import BUILTIN_TASKS
+
+    data = config.get("data") if hasattr(config, "get") else None
+    args = data.get("init_args") if isinstance(data, Namespace) else None
+    if not isinstance(args, Namespace):
+        return
+    for key in ("train", "val"):
+        source = args.get(key)
+        if not isinstance(source, str) or source in BUILTIN_TASKS or source.startswith("hf:"):
+            continue
+        path = Path(source).expanduser()
+        if not path.exists():
+            raise FileNotFoundError(
+                f"data.init_args.{key}: prompt source {source!r} is not an existing file or folder (looked at "
+                f"{path.resolve()}), not 'hf:<id>' and not a built-in task ({', '.join(sorted(BUILTIN_TASKS))})"
+            )
+
+
+def refuse_cli_optimizers(config: Any) -> None:
+    """LightningCLI's ``--optimizer`` / ``--lr_scheduler`` would replace the module's own AdamW (fp32
+    masters, fused) and schedule; refuse them naming the module's keys."""
+    if config.get("optimizer") is not None:
+        raise ValueError(
+            "--optimizer is not used by the RL modules (their AdamW keeps fp32 masters and is fused where it "
+            "can be): set model.init_args.lr, model.init_args.weight_decay and model.init_args.betas"
+        )
+    if config.get("lr_scheduler") is not None:
+        raise ValueError(
+            "--lr_scheduler is not used by the RL modules: set model.init_args.lr_schedule (one of "
+            "'constant', 'linear', 'cosine') and model.init_args.warmup_steps (optimizer steps)"
+        )
+
+
+SECTIONS = (
+    ("unirl_lightning.engines.base", "EngineConfig", "trainer.strategy.init_args.engine.init_args."),
+    ("unirl_lightning.strategy", "RolloutStrategyMixin", "trainer.strategy.init_args."),
+    ("unirl_lightning.modules.base", "RLModule", "model.init_args."),
+    ("lightning.pytorch", "LightningDataModule", "data.init_args."),
+    ("lightning.pytorch.callbacks", "Callback", "trainer.callbacks: "),
+)
+"""Where a class's ``__init__`` arguments sit in a fit config, by base class (most specific first)."""
+
+
+def config_error(exc: BaseException) -> str | None:
+    """The message of the check that refused a value during instantiation, with the config key it sits
+    under (``model.init_args.``, ``data.init_args.``, ...), or None when no error of the chain came from
+    a class's ``__init__`` in a config section (a bug, not a config value)."""
+    chain, seen = [], set()
+    pending = [exc]
+    while pending:  # jsonargparse chains the error of each Union branch it tried
+        current = pending.pop()
+        if current is None or id(current) in seen:
+            continue
+        seen.add(id(current))
+        chain.append(current)
+        pending += [current.__context__, current.__cause__]
+    bases = [(getattr(importlib.import_module(m), c), prefix) for m, c, prefix in SECTIONS]
+    for error in chain:
+        if not isinstance(error, ValueError | TypeError):
+            continue
+        for frame, _ in traceback.walk_tb(error.__traceback__):
+            owner = frame.f_locals.get("self")
+            if frame.f_code.co_name not in ("__init__", "__post_init__") or owner is None:
+                continue
+            prefix = next((prefix for base, prefix in bases if isinstance(owner, base)), None)
+            if prefix is not None:
+                text = str(error).splitlines()[0] if str(error) else type(error).__name__
+                return _keyed(text, type(owner), prefix)
+    # a Union (``trainer.strategy: str | Strategy``) reports its branches' errors in its message only
+    message = str(exc)
+    named = re.search(r"class_path='([\w.]+)'", message)
+    reasons = [line.strip()[2:] for line in message.splitlines() if line.strip().startswith("- ")]
+    reasons = [r for r in reasons if not r.startswith("Expected a ")]
+    if named and reasons:
+        try:
+            owner_cls = _import_class(named[1])
+        except (ImportError, AttributeError, ValueError):
+            return None
+        prefix = next((prefix for base, prefix in bases if issubclass(owner_cls, base)), None)
+        if prefix is not None:
+            return _keyed(reasons[0], owner_cls, prefix)
+    return None
+
+
+def _keyed(text: str, owner: type, prefix: str) -> str:
+    """``text`` under the config key of the argument of class ``owner`` it names."""
+    if prefix.endswith(": "):
+        return f"{prefix}{owner.__name__}: {text}"
+    keys = _init_keywords(f"{owner.__module__}.{owner.__qualname__}")
+    if text.split(" ", 1)[0] in keys:
+        return f"{prefix}{text}"
+    named = next((k for k in keys if re.search(rf"\b{re.escape(k)}=", text)), None)
+    return f"{prefix}{named}: {text}" if named else f"{prefix.rstrip('.')}: {text}"
+
+
 def add_rl_progress_bar(config: Any) -> None:
     """Give the trainer the RL progress bar (RL steps, no ``v_num``) in place of Lightning's default,
     unless the bar is off or the config names a progress bar of its own."""
@@ -200,10 +302,89 @@ def add_rl_progress_bar(config: Any) -> None:
     ]
 
 
+def summarize_parse_error(message: str) -> str | None:
+    """One line for jsonargparse's nested message: the full key and what was wrong, with the accepted
+    keys closest to a misspelled one (``difflib``) and the classes a module offers for an unknown
+    ``class_path``; None when the message has no such structure."""
+    lines = [line.strip() for line in message.splitlines()]
+    outer = re.match(r'Parser key "([^"]+)":', lines[0]) if lines else None
+    problem = next(
+        (i for i, line in enumerate(lines) if line.startswith("- Problem with given class_path")), None
+    )
+    if outer is None or problem is None or problem + 1 >= len(lines):
+        return None
+    section = outer[1]
+    class_path = re.search(r"class_path '([^']+)'", lines[problem])[1]
+    detail = lines[problem + 1]
+    inner = re.match(r'Parser key "([^"]+)":', detail)
+    if inner:
+        key = f"{section}.init_args.{inner[1]}"
+        reasons = [
+            line.lstrip("- ") for line in lines[problem + 2 :] if line and not line.startswith("Given value")
+        ]
+        literal = next((r for r in reasons if "Literal[" in r), None)
+        if literal is not None:
+            choices = re.search(r"Literal\[([^\]]*)\]", literal)[1]
+            value = next(
+                (r.split(": ", 1)[1] for r in reasons if r.startswith("Expected a dot import path")), None
+            )
+            got = f", got {value!r}" if value else ""
+            return (
+                f"{key}: expected one of [{choices}] or a class_path{got}" if value else f"{key}: {literal}"
+            )
+        return f"{key}: {reasons[0] if reasons else 'invalid value'}"
+    option = re.match(r"Option '([^']+)' is not accepted", detail)
+    if option:
+        key = f"{section}.init_args.{option[1]}"
+        accepted = _init_keywords(class_path)
+        close = difflib.get_close_matches(option[1], accepted, n=3)
+        hint = f"; did you mean {' or '.join(repr(c) for c in close)}?" if close else ""
+        return f"{key}: {class_path.rsplit('.', 1)[-1]} has no setting {option[1]!r}{hint}"
+    missing = re.match(r"module '([^']+)' has no attribute '([^']+)'", detail)
+    if missing:
+        module = importlib.import_module(missing[1])
+        names = sorted(n for n in getattr(module, "__all__", dir(module)) if n[:1].isupper())
+        close = difflib.get_close_matches(missing[2], names, n=1)
+        hint = f"; did you mean {close[0]!r}?" if close else ""
+        return f"{section}.class_path: {missing[1]} has no class {missing[2]!r}{hint} Classes there: {', '.join(names)}"
+    return f"{section}: {detail}"
+
+
+def _init_keywords(class_path: str) -> list[str]:
+    """The keyword arguments ``class_path``'s ``__init__`` accepts, those its ``**kwargs`` pass to its
+    bases included."""
+    try:
+        cls = _import_class(class_path)
+    except (ImportError, AttributeError, ValueError):
+        return []
+    names: list[str] = []
+    for klass in cls.__mro__:
+        init = klass.__dict__.get("__init__") or klass.__dict__.get("init_rollout")  # a strategy's **rollout
+        if init is None:
+            continue
+        names += [
+            n
+            for n, p in inspect.signature(init).parameters.items()
+            if n != "self" and p.kind != p.VAR_KEYWORD
+        ]
+    return sorted(set(names))
+
+
+class RLArgumentParser(LightningArgumentParser):
+    """Lightning's parser whose error messages end with one line naming the key (:func:`summarize_parse_error`)."""
+
+    def error(self, message: str, *args: Any, **kwargs: Any) -> NoReturn:
+        summary = summarize_parse_error(str(message))
+        if summary is not None:
+            message = f"{message}\n{summary}"
+        super().error(message, *args, **kwargs)
+
+
 class UniRLCLI(LightningCLI):
     """LightningCLI with RL modules and datamodules in subclass mode."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("parser_class", RLArgumentParser)
         kwargs.setdefault("model_class", RLModule)
         kwargs.setdefault("subclass_mode_model", True)
         kwargs.setdefault("datamodule_class", LightningDataModule)
@@ -217,10 +398,25 @@ class UniRLCLI(LightningCLI):
         try:
             check_combinations(config)
             check_reward_paths(config)
+            refuse_cli_optimizers(config)
+            if subcommand == "fit":
+                check_data_paths(config)
             resolve_last_checkpoint(config)
         except (ValueError, FileNotFoundError) as exc:
             self.parser.error(str(exc))  # exit code 2 with the message, before anything is built
         add_rl_progress_bar(config)
+
+    def instantiate_classes(self) -> None:
+        """Lightning's instantiation; a value a class refuses (``ValueError``/``TypeError`` from its
+        checks) exits 2 with one last line naming the key: ``model.init_args.num_generations must be
+        >= 1, got -4`` (:func:`config_error`)."""
+        try:
+            super().instantiate_classes()
+        except (ValueError, TypeError) as exc:
+            message = config_error(exc)
+            if message is None:
+                raise
+            self.parser.error(message)
 
 
 class CheckpointCLI(UniRLCLI):
@@ -509,9 +705,8 @@ def format_plan(result: dict[str, Any]) -> str:
 
 def run_plan(args: list[str]) -> dict[str, Any]:
     """``unirl-lightning plan ARGS``: prints the plan; exits 1 when a check fails."""
-    with warnings.catch_warnings():  # LightningCLI's note on args given beside sys.argv: main() passes them
-        warnings.filterwarnings("ignore", message="LightningCLI's args parameter")
-        result = PlanCLI(args=args).plan()
+    quiet_lightning_notices()
+    result = PlanCLI(args=args).plan()
     print(format_plan(result))
     if not result["ok"]:
         sys.exit(1)
@@ -540,12 +735,36 @@ def quiet_lightning_notices() -> None:
     logging.getLogger("lightning.pytorch.utilities.rank_zero").addFilter(_DropLightningTip())
     warnings.filterwarnings("ignore", message=r"`isinstance\(treespec, LeafSpec\)` is deprecated")
     warnings.filterwarnings("ignore", message="Using ModelCheckpoint with manual optimization")
+    # our verbs hand their own argv to LightningCLI, which warns when sys.argv holds arguments too
+    warnings.filterwarnings("ignore", message="LightningCLI's args parameter is intended to run")
+
+
+VERBS = {
+    "fit": "train a recipe: --config X.yaml (--print_config shows every setting; --ckpt_path last resumes)",
+    "plan": "check a recipe against its cluster (rules, placement, memory per GPU) without building anything",
+    "validate": "evaluate a checkpoint (or the initial model) on the held-out prompts: one JSON line",
+    "export": "write a checkpoint's policy as a Hugging Face folder (LoRA adapter, or --merge)",
+    "test, predict": "Lightning's verbs; the RL modules define no test or predict step",
+}
+
+
+def print_verbs() -> None:
+    print("usage: unirl-lightning VERB --config X.yaml [...]\n\nverbs:")
+    for verb, text in VERBS.items():
+        print(f"  {verb:<14} {text}")
+    print(
+        "\nEach verb has its --help; the settings of a module: unirl-lightning fit --config X.yaml "
+        "--model.help GRPOModule (strategies: --trainer.strategy.help AsyncRolloutStrategy)."
+    )
 
 
 def main(args: list[str] | None = None) -> None:
     """The ``unirl-lightning`` console script (``export``: :func:`run_export`, ``validate``:
-    :func:`run_validate`, the rest: LightningCLI)."""
+    :func:`run_validate`, ``plan``: :func:`run_plan`, the rest: LightningCLI)."""
     argv = sys.argv[1:] if args is None else list(args)
+    if argv[:1] in ([], ["-h"], ["--help"]):
+        print_verbs()
+        return
     if argv[:1] == ["export"]:
         run_export(argv[1:])
         return

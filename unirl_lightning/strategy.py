@@ -165,8 +165,10 @@ class RolloutStrategyMixin:
             settings = replace(self.rollout, rank=self.global_rank, worker_threads=threads["worker"])
             self.runtime = runtime_for(spec)(spec, settings, self.weight_sync, self._pending_state)
             self._pending_state = None
-            self.runtime.start(trainer.lightning_module.policy)
-            self.runtime.report_placement(trainer)  # placement.json, the table; overlaps fail
+            runtime = self.runtime  # placement.json and the table before the first push; overlaps fail
+            runtime.start(
+                trainer.lightning_module.policy, before_push=lambda: runtime.report_placement(trainer)
+            )
         self.barrier("rollout workers started")
 
     shards_model = False
@@ -226,7 +228,10 @@ class RolloutStrategyMixin:
             raise RuntimeError(
                 "sync_weights was called before the strategy was set up (call trainer.fit first)"
             )
-        stats = self.runtime.sync_weights(self.lightning_module.policy, self.optimizers)
+        quiesced = (lambda: self.barrier("quiesced: pushing")) if self.world_size > 1 else None
+        stats = self.runtime.sync_weights(
+            self.lightning_module.policy, self.optimizers, after_quiesce=quiesced
+        )
         self.barrier("weight sync")  # every rank has pushed and advanced to the same version
         self.last_sync = stats
         self.pushed_step = self.rl_steps

@@ -117,3 +117,23 @@ def test_a_tiny_fit_writes_placement_json_into_its_log_folder(tmp_path, ray_loca
     assert len(pids) == 2 and os.getpid() not in pids  # the workers are actors of their own
     assert all(w["node_ip"] == row["node_ip"] and w["gpu_ids"] == [] for w in saved["workers"])
     assert saved["overlaps"] == []
+
+
+def test_a_placement_that_fails_its_check_fails_before_the_first_push(monkeypatch):
+    """The strategy's placement report runs between the workers' start and the first push: a worker on
+    a training GPU fails with the overlap named, and no weight has been pushed (on GPUs a misplaced
+    push would fail inside NCCL instead)."""
+    monkeypatch.setattr(workers_package, "RolloutWorkerGroup", lambda *args, **kwargs: SimpleNamespace())
+    pushes = []
+    rt = runtime()
+    rt.weight_sync = SimpleNamespace(push=lambda *args: pushes.append(args))
+    rt._make_controller = lambda state: SimpleNamespace(weight_version=0)
+
+    def overlapping():
+        raise ValueError("rollout worker 0 of rank 0 is on GPU 3, which training rank 0 holds")
+
+    with pytest.raises(ValueError, match="which training rank 0 holds"):
+        rt.start(policy=None, before_push=overlapping)
+    assert pushes == []
+    rt.start(policy=None, before_push=lambda: None)
+    assert len(pushes) == 1

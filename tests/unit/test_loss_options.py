@@ -271,7 +271,7 @@ def test_every_loss_option_defaults_to_todays_behaviour_but_the_dual_clip():
 RECIPE = ["--config", str(Path(__file__).resolve().parents[2] / "examples" / "grpo_tiny.yaml")]
 
 
-def test_the_cli_parses_the_loss_options_and_refuses_bad_ones_before_training():
+def test_the_cli_parses_the_loss_options_and_refuses_bad_ones_before_training(capsys):
     config = ParseOnlyCLI(
         args=[*RECIPE, "--model.init_args.loss=cispo", "--model.init_args.clip_ratio_c=null"], run=False
     ).config
@@ -284,7 +284,8 @@ def test_the_cli_parses_the_loss_options_and_refuses_bad_ones_before_training():
     )
     with pytest.raises(SystemExit):  # not a Literal value: the parser lists the allowed ones
         ParseOnlyCLI(args=[*RECIPE, "--model.init_args.loss=grpo"], run=False)
-    with pytest.raises(
-        ValueError, match=r"clip_ratio_c \(dual-clip\) is defined at ratio_level='token' only"
-    ):
+    with pytest.raises(SystemExit) as exit_info:  # exit 2, the last line naming the key
         run_cli([*RECIPE, "--model.init_args.ratio_level=sequence"], run=False)
+    assert exit_info.value.code == 2
+    last = capsys.readouterr().err.strip().splitlines()[-1]
+    assert "model.init_args.clip_ratio_c (dual-clip) is defined at ratio_level='token' only" in last

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import functools
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -55,6 +56,7 @@ from unirl_lightning.modules.context import StepContext
 from unirl_lightning.modules.microbatch import MicroBatch, MicroBatcher
 from unirl_lightning.modules.optim import LOW_PRECISION_DTYPES, adamw, upcast_trainable_parameters
 from unirl_lightning.modules.ranks import distributed_world_size, mean_over_ranks
+from unirl_lightning.modules.schedule import LRSchedule, check_schedule, lr_factor
 from unirl_lightning.modules.spec import RolloutSpec
 from unirl_lightning.preflight import fused_optimizer_allowed, precision_warning
 from unirl_lightning.sharding import full_tensor
@@ -101,6 +103,9 @@ class PolicyGradientModule(RLModule):
     Keyword arguments (a subclass passes its own through):
         lr, weight_decay, betas: AdamW over the trainable parameters of ``self.policy`` (with LoRA:
             the adapters).
+        lr_schedule, warmup_steps: the learning rate's schedule over the optimizer steps
+            (:mod:`~unirl_lightning.modules.schedule`; ``"linear"`` and ``"cosine"`` decay to 0 at
+            ``trainer.max_steps``).
         ppo_epochs, mini_batches: passes over each rollout batch, and optimizer steps per pass.
         max_grad_norm: gradient clipping by norm through Lightning (``clip_gradients``); 0 = off.
         kl_coef: weight of a KL term to the reference policy (the initial weights; with LoRA the
@@ -125,9 +130,13 @@ class PolicyGradientModule(RLModule):
         max_grad_norm: float,
         kl_coef: float,
         micro_batcher: MicroBatcher | None = None,
+        lr_schedule: LRSchedule = "constant",
+        warmup_steps: int = 0,
     ) -> None:
         super().__init__()
         require_at_least("lr", lr, 0)
+        check_schedule(lr_schedule, warmup_steps)
+        self.lr_schedule, self.warmup_steps = lr_schedule, warmup_steps
         require_at_least("ppo_epochs", ppo_epochs, 1)
         require_at_least("mini_batches", mini_batches, 1)
         require_at_least("max_grad_norm", max_grad_norm, 0)
@@ -146,6 +155,7 @@ class PolicyGradientModule(RLModule):
         self.last_step_metrics: dict[str, torch.Tensor] = {}
         self.last_logged_metrics: dict[str, float] = {}
         self._rl_steps = 0
+        self.step_lr: float | None = None  # the learning rate of the step's first optimizer step
 
     # -- what a subclass supplies ---------------------------------------------------------------
     def prepare_batch(self, batch: Any) -> StepContext:  # pragma: no cover - abstract
@@ -179,6 +189,7 @@ class PolicyGradientModule(RLModule):
         micro-batches, then clipping, then the step; returns the first mini-batch's metrics (taken
         before any update of this step), with the gradient norm before clipping."""
         optimizer = self.optimizers()
+        self.step_lr = optimizer.param_groups[0]["lr"]
         rows = torch.arange(batch.num_rows, device=batch.rewards.device)
         first: dict[str, torch.Tensor] = {}
         for _epoch in range(self.ppo_epochs):
@@ -194,7 +205,14 @@ class PolicyGradientModule(RLModule):
                         optimizer, gradient_clip_val=self.max_grad_norm, gradient_clip_algorithm="norm"
                     )
                 optimizer.step()
+                self.step_schedulers()
         return first
+
+    def step_schedulers(self) -> None:
+        """Step every learning-rate scheduler once (manual optimization: Lightning does not)."""
+        trainer = self.attached_trainer()
+        for config in trainer.lr_scheduler_configs if trainer is not None else []:
+            config.scheduler.step()
 
     def micro_batches(self, minibatch: Any, context: StepContext) -> list[MicroBatch]:
         """The micro-batches of ``minibatch`` with their loss factors (:meth:`MicroBatcher.split`)."""
@@ -266,7 +284,7 @@ class PolicyGradientModule(RLModule):
         return torch.autocast(device_type=device_type or self.device.type, dtype=self.compute_dtype)
 
     # -- shared machinery -----------------------------------------------------------------------
-    def configure_optimizers(self) -> torch.optim.Optimizer:
+    def build_optimizer(self) -> torch.optim.Optimizer:
         """AdamW over the policy's trainable parameters, fused where the trainer's precision allows it
         (:func:`~unirl_lightning.preflight.fused_optimizer_allowed`; a warning names the fix when the
         module computes in a low dtype of its own, :func:`~unirl_lightning.preflight.precision_warning`)."""
@@ -284,6 +302,26 @@ class PolicyGradientModule(RLModule):
             weight_decay=self.weight_decay,
             betas=self.betas,
         )
+
+    def configure_optimizers(self) -> Any:
+        """:meth:`build_optimizer`, with the ``lr_schedule`` as a per-step ``LambdaLR`` unless it is
+        constant without warmup (then the optimizer alone: checkpoints hold no scheduler)."""
+        optimizer = self.build_optimizer()
+        if self.lr_schedule == "constant" and self.warmup_steps == 0:
+            return optimizer
+        trainer = self.attached_trainer()
+        total = trainer.max_steps if trainer is not None and trainer.max_steps > 0 else None
+        if self.lr_schedule != "constant" and total is None:
+            raise ValueError(
+                f"lr_schedule={self.lr_schedule!r} decays to 0 at trainer.max_steps: set trainer.max_steps "
+                "(optimizer steps), or use lr_schedule='constant'"
+            )
+        schedule, warmup = self.lr_schedule, self.warmup_steps
+        scheduler = torch.optim.lr_scheduler.LambdaLR(
+            optimizer,
+            functools.partial(lr_factor, lr_schedule=schedule, warmup_steps=warmup, total_steps=total),
+        )
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
 
     def setup(self, stage: str) -> None:
         # the KL reference: a frozen copy of the initial policy (with LoRA: the same model, adapters
@@ -323,7 +361,7 @@ class PolicyGradientModule(RLModule):
         metrics: dict[str, Any] = {
             **batch.stats,
             **{f"train/{k}": v for k, v in first.items()},
-            "train/lr": self.optimizers().param_groups[0]["lr"],
+            "train/lr": self.step_lr,
             "perf/train_time_s": end - start,
         }
         if self._last_step_end is not None:  # end to end: generation waits, training and sync included

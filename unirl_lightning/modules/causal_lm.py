@@ -43,6 +43,7 @@ from unirl_lightning.modules.context import TokenContext
 from unirl_lightning.modules.loss_settings import MismatchCorrection, OldLogprob, PolicyLossSettings
 from unirl_lightning.modules.microbatch import MicroBatcher
 from unirl_lightning.modules.optim import LOW_PRECISION_DTYPES
+from unirl_lightning.modules.schedule import LRSchedule
 from unirl_lightning.modules.spec import RolloutSpec
 from unirl_lightning.modules.tokens import (
     SEQUENCE_UNIT_METRICS,
@@ -73,6 +74,10 @@ class CausalLMModule(PolicyGradientModule):
             :class:`~unirl_lightning.rollout.records.SamplingParams` for the log-probs under them).
             ``max_new_tokens`` plus the longest prompt must fit the policy's positions.
         lr / weight_decay / betas: AdamW.
+        lr_schedule: ``"constant"``, ``"linear"`` or ``"cosine"`` decay of the learning rate to 0 at
+            ``trainer.max_steps`` (optimizer steps), stepped every optimizer step (Hugging Face's and
+            TRL's schedules, :mod:`~unirl_lightning.modules.schedule`); logged as ``train/lr``.
+        warmup_steps: optimizer steps of linear warmup from 0 to ``lr`` first; 0 = none.
         loss: ``"ppo"`` (clipped surrogate) or ``"cispo"`` (MiniMax-M1: ``-sg(min(r, cispo_cap)) * A *
             logp``, a gradient for every token; token level, without ``clip_ratio_c``; the clip
             range is unused).
@@ -144,6 +149,8 @@ class CausalLMModule(PolicyGradientModule):
         lr: float = 1e-5,
         weight_decay: float = 0.0,
         betas: tuple[float, float] = (0.9, 0.999),
+        lr_schedule: LRSchedule = "constant",
+        warmup_steps: int = 0,
         loss: PolicyLoss = "ppo",
         clip_low: float = 0.2,
         clip_high: float = 0.2,
@@ -175,6 +182,8 @@ class CausalLMModule(PolicyGradientModule):
             mini_batches=mini_batches,
             max_grad_norm=max_grad_norm,
             kl_coef=kl_coef,
+            lr_schedule=lr_schedule,
+            warmup_steps=warmup_steps,
             micro_batcher=MicroBatcher(micro_batch_rows, micro_batch_tokens, token_rows=True),
         )
         self.gradient_checkpointing = bool(gradient_checkpointing)

@@ -36,6 +36,7 @@ from unirl_lightning.models_diffusion import SD3FlowModel, TinyFlowModel, guided
 from unirl_lightning.modules.base import PolicyGradientModule
 from unirl_lightning.modules.context import FlowContext
 from unirl_lightning.modules.microbatch import MicroBatch, MicroBatcher
+from unirl_lightning.modules.schedule import LRSchedule
 from unirl_lightning.modules.spec import RolloutSpec
 from unirl_lightning.rollout.batches import DiffusionBatch
 from unirl_lightning.rollout.records import DiffusionSampling
@@ -57,6 +58,8 @@ class FlowGRPOModule(PolicyGradientModule):
         num_steps / eta / sde_indices / guidance_scale: sampling (see
             :class:`~unirl_lightning.rollout.records.DiffusionSampling`); ``eta > 0`` to train.
         lr / weight_decay / betas: AdamW.
+        lr_schedule / warmup_steps: the learning rate's schedule over the optimizer steps, as
+            :class:`~unirl_lightning.modules.causal_lm.CausalLMModule`'s.
         clip_range: PPO clip range of the per-step ratio (Flow-GRPO uses 1e-4: a step's log-prob
             is a mean over latent elements, so ratios stay very close to 1).
         adv_clip_max: advantages are clipped to ``[-adv_clip_max, adv_clip_max]``.
@@ -93,6 +96,8 @@ class FlowGRPOModule(PolicyGradientModule):
         lr: float = 1e-4,
         weight_decay: float = 0.0,
         betas: tuple[float, float] = (0.9, 0.999),
+        lr_schedule: LRSchedule = "constant",
+        warmup_steps: int = 0,
         clip_range: float = 1e-4,
         adv_clip_max: float = 5.0,
         kl_coef: float = 0.0,
@@ -110,6 +115,8 @@ class FlowGRPOModule(PolicyGradientModule):
             mini_batches=mini_batches,
             max_grad_norm=max_grad_norm,
             kl_coef=kl_coef,
+            lr_schedule=lr_schedule,
+            warmup_steps=warmup_steps,
             micro_batcher=MicroBatcher(max_rows=micro_batch_rows),
         )
         require_at_least("num_generations", num_generations, 2)

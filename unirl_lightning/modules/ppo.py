@@ -135,10 +135,10 @@ class PPOModule(CausalLMModule):
             enable_gradient_checkpointing(backbone)
         self.critic = ValueModel(backbone, model.config.hidden_size)
 
-    def configure_optimizers(self) -> torch.optim.Optimizer:
+    def build_optimizer(self) -> torch.optim.Optimizer:
         """The base AdamW over the policy, plus the critic's trainable parameters as a second param
-        group at ``critic_lr`` (one optimizer: one step, one gradient clip over both)."""
-        optimizer = super().configure_optimizers()
+        group at ``critic_lr`` (one optimizer: one step, one gradient clip, one schedule over both)."""
+        optimizer = super().build_optimizer()
         optimizer.add_param_group(
             {"params": [p for p in self.critic.parameters() if p.requires_grad], "lr": self.critic_lr}
         )

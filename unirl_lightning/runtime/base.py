@@ -25,6 +25,7 @@ import dataclasses
 import math
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, ClassVar, Literal
 
@@ -292,9 +293,11 @@ class RolloutRuntime:
         return engine
 
     # -- lifecycle --------------------------------------------------------------------------------
-    def start(self, policy: Any) -> None:
-        """Start the workers and the controller, and push the trainer's weights at the current
-        version (a resumed ledger's, when a checkpoint was loaded before)."""
+    def start(self, policy: Any, before_push: Callable[[], None] | None = None) -> None:
+        """Start the workers and the controller, run ``before_push`` (the strategy's placement report,
+        whose overlap check must fail readably before a push can fail inside NCCL), and push the
+        trainer's weights at the current version (a resumed ledger's, when a checkpoint was loaded
+        before)."""
         from unirl_lightning.workers import RolloutWorkerGroup
 
         self.check()
@@ -316,6 +319,8 @@ class RolloutRuntime:
         self.workers.on_restart = self._push_to_replacement
         self._policy = policy
         self.controller = self._make_controller(self._state)
+        if before_push is not None:
+            before_push()
         self.weight_sync.push(policy, self.workers, self.controller.weight_version)
 
     def report_placement(self, trainer: Any) -> dict[str, Any]:
@@ -417,9 +422,13 @@ class RolloutRuntime:
         return batch
 
     # -- the sync verb ----------------------------------------------------------------------------
-    def sync_weights(self, policy: Any, optimizers: Any = ()) -> dict[str, float]:
+    def sync_weights(
+        self, policy: Any, optimizers: Any = (), after_quiesce: Callable[[], None] | None = None
+    ) -> dict[str, float]:
         """Quiesce, push ``policy``'s weights to every worker, advance the version (one rank's part
-        of a collective sync: the strategy's barrier ends it). With ``placement="colocate"`` the
+        of a collective sync: the strategy's barrier ends it). ``after_quiesce`` runs between the two
+        (the strategy's barrier: no rank starts a push, whose gather of a sharded model is a
+        collective, while another still waits for its generation). With ``placement="colocate"`` the
         trainer first frees its cached blocks (and, with ``offload_optimizer``, moves the state of
         ``optimizers`` to the host); the engines then wake in two phases: weights, push, KV cache."""
         ctl = self.controller
@@ -429,6 +438,8 @@ class RolloutRuntime:
         quiesce_s = time.perf_counter() - start
         if self.loop is not None:
             self.loop.blocked_s += quiesce_s  # generation the trainer waited for was not hidden
+        if after_quiesce is not None:
+            after_quiesce()
         stats: dict[str, Any] = {}
         colocate = self.settings.placement == "colocate"
 
