@@ -43,341 +43,29 @@ import os
 if not os.environ.get("RAY_ADDRESS"):  # before anything imports ray: it reads the mode at import
     os.environ.setdefault("RAY_AUTH_MODE", "token")
 
-import difflib  # noqa: E402
-import importlib  # noqa: E402
-import importlib.util  # noqa: E402
-import inspect  # noqa: E402
 import json  # noqa: E402
 import logging  # noqa: E402
-import re  # noqa: E402
 import sys  # noqa: E402
-import traceback  # noqa: E402
 import warnings  # noqa: E402
 from pathlib import Path  # noqa: E402
-from typing import Any, NoReturn  # noqa: E402
+from typing import Any  # noqa: E402
 
 from jsonargparse import ActionYesNo, Namespace  # noqa: E402
 from lightning.pytorch import LightningDataModule  # noqa: E402
-from lightning.pytorch.callbacks import ModelCheckpoint, ProgressBar  # noqa: E402
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI  # noqa: E402
 from lightning.pytorch.utilities.exceptions import SIGTERMException  # noqa: E402
 
-from unirl_lightning.imports import import_callable  # noqa: E402
-from unirl_lightning.modules.base import RLModule  # noqa: E402
-
-
-def _strategy_settings(trainer: Any) -> dict[str, Any] | None:
-    """The rollout settings of ``trainer.strategy`` when it is a rollout strategy given by class path,
-    with the defaults for the keys not given; None otherwise."""
-    from unirl_lightning.strategy import RolloutStrategyMixin
-
-    node = trainer.get("strategy") if trainer is not None else None
-    class_path = node.get("class_path") if hasattr(node, "get") else None
-    if not class_path:
-        return None
-    module, _, name = class_path.rpartition(".")
-    if not issubclass(getattr(importlib.import_module(module), name), RolloutStrategyMixin):
-        return None
-    given = node.get("init_args")
-    given = dict(given.items()) if hasattr(given, "items") else vars(given or {})
-    defaults = inspect.signature(RolloutStrategyMixin.init_rollout).parameters
-    return {
-        key: given.get(key, defaults[key].default)
-        for key in ("placement", "max_staleness", "max_inflight", "weight_sync", "max_worker_restarts")
-    }
-
-
-def _import_class(class_path: str) -> Any:
-    module, _, name = class_path.rpartition(".")
-    return getattr(importlib.import_module(module), name)
-
-
-def _nodes(node: Any, key: str):
-    """Every (key, value) below ``node``, with dotted keys (lists as ``key.0``)."""
-    yield key, node
-    if isinstance(node, Namespace):
-        for child, value in vars(node).items():
-            yield from _nodes(value, f"{key}.{child}" if key else child)
-    elif isinstance(node, list):
-        for index, value in enumerate(node):
-            yield from _nodes(value, f"{key}.{index}")
-
-
-def check_reward_paths(config: Any) -> None:
-    """Import every reward function given as an import path in the model section (``reward: pkg.mod:f``,
-    ``CallableReward(fn=...)``, ``CombinedReward(rewards=[...])``); raise ``ValueError`` naming the key."""
-    model = config.get("model") if hasattr(config, "get") else None
-    for key, value in _nodes(model, "model"):
-        parts = key.split(".")
-        is_path = parts[-1] in ("reward", "fn") or (len(parts) > 1 and parts[-2] == "rewards")
-        if not (is_path and isinstance(value, str)):
-            continue
-        try:
-            target = import_callable(value, key)
-        except (ImportError, ValueError, TypeError) as exc:
-            raise ValueError(f"{key}: cannot import {value!r}: {exc}") from None
-        if isinstance(target, type):
-            raise ValueError(
-                f"{key}: {value!r} is a class; give a function path 'pkg.mod:func', or the reward class as "
-                f"class_path (with init_args)"
-            )
-
-
-def resolve_last_checkpoint(config: Any) -> None:
-    """``ckpt_path: last`` -> the newest ``last*.ckpt`` of this run, and the logger continues in that
-    run's folder; ``FileNotFoundError`` naming where it looked when there is none."""
-    if config.get("ckpt_path") != "last":
-        return
-    trainer = config.get("trainer")
-    folders: list[tuple[Path, str | None]] = []  # (checkpoint folder, logger version it belongs to)
-    for callback in trainer.get("callbacks") or []:
-        class_path = callback.get("class_path", "")
-        dirpath = callback.get("init_args", Namespace()).get("dirpath")
-        if class_path and issubclass(_import_class(class_path), ModelCheckpoint) and dirpath:
-            folders.append((Path(dirpath), None))
-    logger = trainer.get("logger")
-    root: Path | None = None
-    if logger is None or logger is True:  # Lightning's default logger
-        root = Path(trainer.get("default_root_dir") or os.getcwd()) / "lightning_logs"
-    elif isinstance(logger, Namespace):
-        args = logger.get("init_args", Namespace())
-        save_dir = args.get("save_dir") or trainer.get("default_root_dir") or os.getcwd()
-        root = Path(save_dir) / str(args.get("name") or "")
-    if root is not None:
-        folders += [(d, d.parent.name) for d in root.glob("*/checkpoints")]
-    found = [(path, version) for folder, version in folders for path in folder.glob("last*.ckpt")]
-    if not found:
-        looked = [str(folder) for folder, _ in folders] or [str(root)]
-        raise FileNotFoundError(
-            f"ckpt_path: 'last' was given but there is no last*.ckpt in {looked}; omit --ckpt_path to start a new "
-            "run, or give the checkpoint's path"
-        )
-    path, version = max(found, key=lambda item: item[0].stat().st_mtime)
-    config["ckpt_path"] = str(path)
-    if version is not None and isinstance(logger, Namespace) and logger.init_args.get("version") is None:
-        logger.init_args["version"] = version  # log and checkpoint on in the resumed run's folder
-
-
-def check_combinations(config: Any) -> None:
-    """Reject configurations that parse but cannot run, before anything is built; the message names
-    the keys (the rules are the strategy's own, :func:`check_rollout_settings`, and
-    :func:`~unirl_lightning.preflight.sync_replacement_error`)."""
-    from unirl_lightning.preflight import sync_replacement_error
-    from unirl_lightning.runtime import check_rollout_settings
-
-    trainer = config.get("trainer") if hasattr(config, "get") else None
-    settings = _strategy_settings(trainer)
-    if settings is None:
-        return
-    try:
-        check_rollout_settings(**{k: settings[k] for k in ("placement", "max_staleness", "max_inflight")})
-    except ValueError as exc:
-        raise ValueError(f"trainer.strategy.init_args: {exc}") from None
-    devices, nodes = trainer.get("devices"), int(trainer.get("num_nodes") or 1)
-    world = (
-        len(devices) if isinstance(devices, list) else int(devices) if str(devices).isdigit() else 1
-    ) * nodes
-    sharded = trainer.get("strategy").get("class_path") == "unirl_lightning.strategy.AsyncRolloutFSDPStrategy"
-    error = sync_replacement_error(
-        str(settings["weight_sync"]), sharded, world, int(settings["max_worker_restarts"])
-    )
-    if error is not None:
-        raise ValueError(f"trainer.strategy.init_args: {error}")
-
-
-def check_data_paths(config: Any) -> None:
-    """A ``train`` / ``val`` prompt source of the data module that is neither a built-in task, nor
-    ``hf:<id>``, nor an existing file or folder fails here, naming the key, before any run folder is
-    made (``fit`` only: ``plan`` and ``export`` need no data)."""
-    from unirl_lightning.data.tasks import BUILTIN_TASKS
-
-    data = config.get("data") if hasattr(config, "get") else None
-    args = data.get("init_args") if isinstance(data, Namespace) else None
-    if not isinstance(args, Namespace):
-        return
-    for key in ("train", "val"):
-        source = args.get(key)
-        if not isinstance(source, str) or source in BUILTIN_TASKS or source.startswith("hf:"):
-            continue
-        path = Path(source).expanduser()
-        if not path.exists():
-            raise FileNotFoundError(
-                f"data.init_args.{key}: prompt source {source!r} is not an existing file or folder (looked at "
-                f"{path.resolve()}), not 'hf:<id>' and not a built-in task ({', '.join(sorted(BUILTIN_TASKS))})"
-            )
-
-
-def refuse_cli_optimizers(config: Any) -> None:
-    """LightningCLI's ``--optimizer`` / ``--lr_scheduler`` would replace the module's own AdamW (fp32
-    masters, fused) and schedule; refuse them naming the module's keys."""
-    if config.get("optimizer") is not None:
-        raise ValueError(
-            "--optimizer is not used by the RL modules (their AdamW keeps fp32 masters and is fused where it "
-            "can be): set model.init_args.lr, model.init_args.weight_decay and model.init_args.betas"
-        )
-    if config.get("lr_scheduler") is not None:
-        raise ValueError(
-            "--lr_scheduler is not used by the RL modules: set model.init_args.lr_schedule (one of "
-            "'constant', 'linear', 'cosine') and model.init_args.warmup_steps (optimizer steps)"
-        )
-
-
-SECTIONS = (
-    ("unirl_lightning.engines.base", "EngineConfig", "trainer.strategy.init_args.engine.init_args."),
-    ("unirl_lightning.strategy", "RolloutStrategyMixin", "trainer.strategy.init_args."),
-    ("unirl_lightning.modules.base", "RLModule", "model.init_args."),
-    ("lightning.pytorch", "LightningDataModule", "data.init_args."),
-    ("lightning.pytorch.callbacks", "Callback", "trainer.callbacks: "),
+from unirl_lightning.cli_config import (  # noqa: E402
+    add_rl_progress_bar,
+    check_combinations,
+    check_data_paths,
+    check_reward_paths,
+    refuse_cli_optimizers,
+    resolve_last_checkpoint,
 )
-"""Where a class's ``__init__`` arguments sit in a fit config, by base class (most specific first)."""
-
-
-def config_error(exc: BaseException) -> str | None:
-    """The message of the check that refused a value during instantiation, with the config key it sits
-    under (``model.init_args.``, ``data.init_args.``, ...), or None when no error of the chain came from
-    a class's ``__init__`` in a config section (a bug, not a config value)."""
-    chain, seen = [], set()
-    pending = [exc]
-    while pending:  # jsonargparse chains the error of each Union branch it tried
-        current = pending.pop()
-        if current is None or id(current) in seen:
-            continue
-        seen.add(id(current))
-        chain.append(current)
-        pending += [current.__context__, current.__cause__]
-    bases = [(getattr(importlib.import_module(m), c), prefix) for m, c, prefix in SECTIONS]
-    for error in chain:
-        if not isinstance(error, ValueError | TypeError):
-            continue
-        for frame, _ in traceback.walk_tb(error.__traceback__):
-            owner = frame.f_locals.get("self")
-            if frame.f_code.co_name not in ("__init__", "__post_init__") or owner is None:
-                continue
-            prefix = next((prefix for base, prefix in bases if isinstance(owner, base)), None)
-            if prefix is not None:
-                text = str(error).splitlines()[0] if str(error) else type(error).__name__
-                return _keyed(text, type(owner), prefix)
-    # a Union (``trainer.strategy: str | Strategy``) reports its branches' errors in its message only
-    message = str(exc)
-    named = re.search(r"class_path='([\w.]+)'", message)
-    reasons = [line.strip()[2:] for line in message.splitlines() if line.strip().startswith("- ")]
-    reasons = [r for r in reasons if not r.startswith("Expected a ")]
-    if named and reasons:
-        try:
-            owner_cls = _import_class(named[1])
-        except (ImportError, AttributeError, ValueError):
-            return None
-        prefix = next((prefix for base, prefix in bases if issubclass(owner_cls, base)), None)
-        if prefix is not None:
-            return _keyed(reasons[0], owner_cls, prefix)
-    return None
-
-
-def _keyed(text: str, owner: type, prefix: str) -> str:
-    """``text`` under the config key of the argument of class ``owner`` it names."""
-    if prefix.endswith(": "):
-        return f"{prefix}{owner.__name__}: {text}"
-    keys = _init_keywords(f"{owner.__module__}.{owner.__qualname__}")
-    if text.split(" ", 1)[0] in keys:
-        return f"{prefix}{text}"
-    named = next((k for k in keys if re.search(rf"\b{re.escape(k)}=", text)), None)
-    return f"{prefix}{named}: {text}" if named else f"{prefix.rstrip('.')}: {text}"
-
-
-def add_rl_progress_bar(config: Any) -> None:
-    """Give the trainer the RL progress bar (RL steps, no ``v_num``) in place of Lightning's default,
-    unless the bar is off or the config names a progress bar of its own."""
-    trainer = config.get("trainer") if hasattr(config, "get") else None
-    if trainer is None or trainer.get("enable_progress_bar") is False:
-        return
-    callbacks = trainer.get("callbacks") or []
-    for callback in callbacks:
-        module, _, name = str(callback.get("class_path", "")).rpartition(".")
-        if module and issubclass(getattr(importlib.import_module(module), name), ProgressBar):
-            return
-    bar = "RLRichProgressBar" if importlib.util.find_spec("rich") else "RLProgressBar"
-    trainer["callbacks"] = [
-        *callbacks,
-        Namespace(class_path=f"unirl_lightning.callbacks.{bar}", init_args=Namespace()),
-    ]
-
-
-def summarize_parse_error(message: str) -> str | None:
-    """One line for jsonargparse's nested message: the full key and what was wrong, with the accepted
-    keys closest to a misspelled one (``difflib``) and the classes a module offers for an unknown
-    ``class_path``; None when the message has no such structure."""
-    lines = [line.strip() for line in message.splitlines()]
-    outer = re.match(r'Parser key "([^"]+)":', lines[0]) if lines else None
-    problem = next(
-        (i for i, line in enumerate(lines) if line.startswith("- Problem with given class_path")), None
-    )
-    if outer is None or problem is None or problem + 1 >= len(lines):
-        return None
-    section = outer[1]
-    class_path = re.search(r"class_path '([^']+)'", lines[problem])[1]
-    detail = lines[problem + 1]
-    inner = re.match(r'Parser key "([^"]+)":', detail)
-    if inner:
-        key = f"{section}.init_args.{inner[1]}"
-        reasons = [
-            line.lstrip("- ") for line in lines[problem + 2 :] if line and not line.startswith("Given value")
-        ]
-        literal = next((r for r in reasons if "Literal[" in r), None)
-        if literal is not None:
-            choices = re.search(r"Literal\[([^\]]*)\]", literal)[1]
-            value = next(
-                (r.split(": ", 1)[1] for r in reasons if r.startswith("Expected a dot import path")), None
-            )
-            got = f", got {value!r}" if value else ""
-            return (
-                f"{key}: expected one of [{choices}] or a class_path{got}" if value else f"{key}: {literal}"
-            )
-        return f"{key}: {reasons[0] if reasons else 'invalid value'}"
-    option = re.match(r"Option '([^']+)' is not accepted", detail)
-    if option:
-        key = f"{section}.init_args.{option[1]}"
-        accepted = _init_keywords(class_path)
-        close = difflib.get_close_matches(option[1], accepted, n=3)
-        hint = f"; did you mean {' or '.join(repr(c) for c in close)}?" if close else ""
-        return f"{key}: {class_path.rsplit('.', 1)[-1]} has no setting {option[1]!r}{hint}"
-    missing = re.match(r"module '([^']+)' has no attribute '([^']+)'", detail)
-    if missing:
-        module = importlib.import_module(missing[1])
-        names = sorted(n for n in getattr(module, "__all__", dir(module)) if n[:1].isupper())
-        close = difflib.get_close_matches(missing[2], names, n=1)
-        hint = f"; did you mean {close[0]!r}?" if close else ""
-        return f"{section}.class_path: {missing[1]} has no class {missing[2]!r}{hint} Classes there: {', '.join(names)}"
-    return f"{section}: {detail}"
-
-
-def _init_keywords(class_path: str) -> list[str]:
-    """The keyword arguments ``class_path``'s ``__init__`` accepts, those its ``**kwargs`` pass to its
-    bases included."""
-    try:
-        cls = _import_class(class_path)
-    except (ImportError, AttributeError, ValueError):
-        return []
-    names: list[str] = []
-    for klass in cls.__mro__:
-        init = klass.__dict__.get("__init__") or klass.__dict__.get("init_rollout")  # a strategy's **rollout
-        if init is None:
-            continue
-        names += [
-            n
-            for n, p in inspect.signature(init).parameters.items()
-            if n != "self" and p.kind != p.VAR_KEYWORD
-        ]
-    return sorted(set(names))
-
-
-class RLArgumentParser(LightningArgumentParser):
-    """Lightning's parser whose error messages end with one line naming the key (:func:`summarize_parse_error`)."""
-
-    def error(self, message: str, *args: Any, **kwargs: Any) -> NoReturn:
-        summary = summarize_parse_error(str(message))
-        if summary is not None:
-            message = f"{message}\n{summary}"
-        super().error(message, *args, **kwargs)
+from unirl_lightning.cli_errors import RLArgumentParser, config_error  # noqa: E402
+from unirl_lightning.cli_plan import _bundled_model_config, _header_cluster, _plain, format_plan  # noqa: E402
+from unirl_lightning.modules.base import RLModule  # noqa: E402
 
 
 class UniRLCLI(LightningCLI):
@@ -492,7 +180,6 @@ class ExportCLI(CheckpointCLI):
 
     def instantiate_classes(self) -> None:
         """The module only: no trainer, strategy, callbacks, logger or datamodule is built."""
-        from lightning.pytorch.cli import LightningArgumentParser
 
         parser = LightningArgumentParser()
         parser.add_lightning_class_args(self.model_class, "model", subclass_mode=self.subclass_mode_model)
@@ -655,52 +342,6 @@ class PlanCLI(CheckpointCLI):
         if config.get("output"):
             Path(config["output"]).write_text(json.dumps(result, indent=2) + "\n")
         return result
-
-
-def _plain(node: Any) -> Any:
-    if isinstance(node, Namespace):
-        return {key: _plain(value) for key, value in vars(node).items()}
-    if isinstance(node, list | tuple):
-        return [_plain(value) for value in node]
-    if isinstance(node, Path):
-        return str(node)
-    return node if isinstance(node, str | int | float | bool | type(None) | dict) else str(node)
-
-
-def _header_cluster(files: list[str]) -> str | None:
-    """The ``# cluster: X`` line at the top of the last config file, or None."""
-    for path in reversed(files):
-        for line in Path(path).read_text().splitlines():
-            if not line.startswith("#"):
-                break
-            if line.lower().startswith("# cluster:"):
-                return line.split(":", 1)[1].strip()
-    return None
-
-
-MODEL_CONFIGS = Path(__file__).resolve().parent.parent / "examples" / "model_configs"
-
-
-def _bundled_model_config(config: dict[str, Any]) -> Path | None:
-    """``examples/model_configs/<last part of the policy's name_or_path>`` when it exists."""
-    policy = ((config.get("model") or {}).get("init_args") or {}).get("policy") or {}
-    name = (policy.get("init_args") or {}).get("name_or_path")
-    folder = MODEL_CONFIGS / str(name).rstrip("/").split("/")[-1] if name else None
-    return folder if folder is not None and (folder / "config.json").is_file() else None
-
-
-def format_plan(result: dict[str, Any]) -> str:
-    """The plan as a table: findings, then the figures."""
-    lines = [f"plan on {result['cluster']}: {'OK' if result['ok'] else 'FAILS'}"]
-    for finding in result["findings"]:
-        lines.append(f"  {finding['level']:<7} {finding['key']}: {finding['message']}")
-    for name, figure in result["figures"].items():
-        if isinstance(figure, dict):
-            lines.append(f"  {name}:")
-            lines += [f"    {key:<24} {value}" for key, value in figure.items()]
-        else:
-            lines.append(f"  {name:<26} {figure}")
-    return "\n".join(lines)
 
 
 def run_plan(args: list[str]) -> dict[str, Any]:

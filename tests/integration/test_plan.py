@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from unirl_lightning.cli import PlanCLI, _header_cluster, run_plan
+from unirl_lightning.cli import PlanCLI, run_plan
+from unirl_lightning.cli_plan import _header_cluster
 from unirl_lightning.plan import ModelShape, parse_cluster, plan_recipe
 from unirl_lightning.preflight import fused_optimizer_allowed, sync_replacement_error
 

@@ -153,7 +153,7 @@ LAYERS: list[tuple[str, ...]] = [
     # 14: LightningModules
     ("modules",),
     # 15: entry points (the package's lazy names included)
-    ("cli", "demo", ""),
+    ("cli", "cli_config", "cli_errors", "cli_plan", "demo", ""),
 ]
 
 

@@ -1,0 +1,192 @@
+"""The fit config's checks and rewrites after parsing and before anything is built (no model, no Ray):
+combinations that cannot run, reward import paths, data paths, LightningCLI's optimizer keys, the
+``--ckpt_path last`` resolution, and the RL progress bar. Each raises ``ValueError`` /
+``FileNotFoundError`` naming the key; the CLI turns that into exit code 2."""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import inspect
+import os
+from pathlib import Path
+from typing import Any
+
+from jsonargparse import Namespace
+from lightning.pytorch.callbacks import ModelCheckpoint, ProgressBar
+
+from unirl_lightning.imports import import_callable
+
+
+def _strategy_settings(trainer: Any) -> dict[str, Any] | None:
+    """The rollout settings of ``trainer.strategy`` when it is a rollout strategy given by class path,
+    with the defaults for the keys not given; None otherwise."""
+    from unirl_lightning.strategy import RolloutStrategyMixin
+
+    node = trainer.get("strategy") if trainer is not None else None
+    class_path = node.get("class_path") if hasattr(node, "get") else None
+    if not class_path:
+        return None
+    module, _, name = class_path.rpartition(".")
+    if not issubclass(getattr(importlib.import_module(module), name), RolloutStrategyMixin):
+        return None
+    given = node.get("init_args")
+    given = dict(given.items()) if hasattr(given, "items") else vars(given or {})
+    defaults = inspect.signature(RolloutStrategyMixin.init_rollout).parameters
+    return {
+        key: given.get(key, defaults[key].default)
+        for key in ("placement", "max_staleness", "max_inflight", "weight_sync", "max_worker_restarts")
+    }
+
+
+def _import_class(class_path: str) -> Any:
+    module, _, name = class_path.rpartition(".")
+    return getattr(importlib.import_module(module), name)
+
+
+def _nodes(node: Any, key: str):
+    """Every (key, value) below ``node``, with dotted keys (lists as ``key.0``)."""
+    yield key, node
+    if isinstance(node, Namespace):
+        for child, value in vars(node).items():
+            yield from _nodes(value, f"{key}.{child}" if key else child)
+    elif isinstance(node, list):
+        for index, value in enumerate(node):
+            yield from _nodes(value, f"{key}.{index}")
+
+
+def check_reward_paths(config: Any) -> None:
+    """Import every reward function given as an import path in the model section (``reward: pkg.mod:f``,
+    ``CallableReward(fn=...)``, ``CombinedReward(rewards=[...])``); raise ``ValueError`` naming the key."""
+    model = config.get("model") if hasattr(config, "get") else None
+    for key, value in _nodes(model, "model"):
+        parts = key.split(".")
+        is_path = parts[-1] in ("reward", "fn") or (len(parts) > 1 and parts[-2] == "rewards")
+        if not (is_path and isinstance(value, str)):
+            continue
+        try:
+            target = import_callable(value, key)
+        except (ImportError, ValueError, TypeError) as exc:
+            raise ValueError(f"{key}: cannot import {value!r}: {exc}") from None
+        if isinstance(target, type):
+            raise ValueError(
+                f"{key}: {value!r} is a class; give a function path 'pkg.mod:func', or the reward class as "
+                f"class_path (with init_args)"
+            )
+
+
+def resolve_last_checkpoint(config: Any) -> None:
+    """``ckpt_path: last`` -> the newest ``last*.ckpt`` of this run, and the logger continues in that
+    run's folder; ``FileNotFoundError`` naming where it looked when there is none."""
+    if config.get("ckpt_path") != "last":
+        return
+    trainer = config.get("trainer")
+    folders: list[tuple[Path, str | None]] = []  # (checkpoint folder, logger version it belongs to)
+    for callback in trainer.get("callbacks") or []:
+        class_path = callback.get("class_path", "")
+        dirpath = callback.get("init_args", Namespace()).get("dirpath")
+        if class_path and issubclass(_import_class(class_path), ModelCheckpoint) and dirpath:
+            folders.append((Path(dirpath), None))
+    logger = trainer.get("logger")
+    root: Path | None = None
+    if logger is None or logger is True:  # Lightning's default logger
+        root = Path(trainer.get("default_root_dir") or os.getcwd()) / "lightning_logs"
+    elif isinstance(logger, Namespace):
+        args = logger.get("init_args", Namespace())
+        save_dir = args.get("save_dir") or trainer.get("default_root_dir") or os.getcwd()
+        root = Path(save_dir) / str(args.get("name") or "")
+    if root is not None:
+        folders += [(d, d.parent.name) for d in root.glob("*/checkpoints")]
+    found = [(path, version) for folder, version in folders for path in folder.glob("last*.ckpt")]
+    if not found:
+        looked = [str(folder) for folder, _ in folders] or [str(root)]
+        raise FileNotFoundError(
+            f"ckpt_path: 'last' was given but there is no last*.ckpt in {looked}; omit --ckpt_path to start a new "
+            "run, or give the checkpoint's path"
+        )
+    path, version = max(found, key=lambda item: item[0].stat().st_mtime)
+    config["ckpt_path"] = str(path)
+    if version is not None and isinstance(logger, Namespace) and logger.init_args.get("version") is None:
+        logger.init_args["version"] = version  # log and checkpoint on in the resumed run's folder
+
+
+def check_combinations(config: Any) -> None:
+    """Reject configurations that parse but cannot run, before anything is built; the message names
+    the keys (the rules are the strategy's own, :func:`check_rollout_settings`, and
+    :func:`~unirl_lightning.preflight.sync_replacement_error`)."""
+    from unirl_lightning.preflight import sync_replacement_error
+    from unirl_lightning.runtime import check_rollout_settings
+
+    trainer = config.get("trainer") if hasattr(config, "get") else None
+    settings = _strategy_settings(trainer)
+    if settings is None:
+        return
+    try:
+        check_rollout_settings(**{k: settings[k] for k in ("placement", "max_staleness", "max_inflight")})
+    except ValueError as exc:
+        raise ValueError(f"trainer.strategy.init_args: {exc}") from None
+    devices, nodes = trainer.get("devices"), int(trainer.get("num_nodes") or 1)
+    world = (
+        len(devices) if isinstance(devices, list) else int(devices) if str(devices).isdigit() else 1
+    ) * nodes
+    sharded = trainer.get("strategy").get("class_path") == "unirl_lightning.strategy.AsyncRolloutFSDPStrategy"
+    error = sync_replacement_error(
+        str(settings["weight_sync"]), sharded, world, int(settings["max_worker_restarts"])
+    )
+    if error is not None:
+        raise ValueError(f"trainer.strategy.init_args: {error}")
+
+
+def check_data_paths(config: Any) -> None:
+    """A ``train`` / ``val`` prompt source of the data module that is neither a built-in task, nor
+    ``hf:<id>``, nor an existing file or folder fails here, naming the key, before any run folder is
+    made (``fit`` only: ``plan`` and ``export`` need no data)."""
+    from unirl_lightning.data.tasks import BUILTIN_TASKS
+
+    data = config.get("data") if hasattr(config, "get") else None
+    args = data.get("init_args") if isinstance(data, Namespace) else None
+    if not isinstance(args, Namespace):
+        return
+    for key in ("train", "val"):
+        source = args.get(key)
+        if not isinstance(source, str) or source in BUILTIN_TASKS or source.startswith("hf:"):
+            continue
+        path = Path(source).expanduser()
+        if not path.exists():
+            raise FileNotFoundError(
+                f"data.init_args.{key}: prompt source {source!r} is not an existing file or folder (looked at "
+                f"{path.resolve()}), not 'hf:<id>' and not a built-in task ({', '.join(sorted(BUILTIN_TASKS))})"
+            )
+
+
+def refuse_cli_optimizers(config: Any) -> None:
+    """LightningCLI's ``--optimizer`` / ``--lr_scheduler`` would replace the module's own AdamW (fp32
+    masters, fused) and schedule; refuse them naming the module's keys."""
+    if config.get("optimizer") is not None:
+        raise ValueError(
+            "--optimizer is not used by the RL modules (their AdamW keeps fp32 masters and is fused where it "
+            "can be): set model.init_args.lr, model.init_args.weight_decay and model.init_args.betas"
+        )
+    if config.get("lr_scheduler") is not None:
+        raise ValueError(
+            "--lr_scheduler is not used by the RL modules: set model.init_args.lr_schedule (one of "
+            "'constant', 'linear', 'cosine') and model.init_args.warmup_steps (optimizer steps)"
+        )
+
+
+def add_rl_progress_bar(config: Any) -> None:
+    """Give the trainer the RL progress bar (RL steps, no ``v_num``) in place of Lightning's default,
+    unless the bar is off or the config names a progress bar of its own."""
+    trainer = config.get("trainer") if hasattr(config, "get") else None
+    if trainer is None or trainer.get("enable_progress_bar") is False:
+        return
+    callbacks = trainer.get("callbacks") or []
+    for callback in callbacks:
+        module, _, name = str(callback.get("class_path", "")).rpartition(".")
+        if module and issubclass(getattr(importlib.import_module(module), name), ProgressBar):
+            return
+    bar = "RLRichProgressBar" if importlib.util.find_spec("rich") else "RLProgressBar"
+    trainer["callbacks"] = [
+        *callbacks,
+        Namespace(class_path=f"unirl_lightning.callbacks.{bar}", init_args=Namespace()),
+    ]
