@@ -227,13 +227,8 @@ def ppo_clip_loss(
     ref_logp, mask=mask)``), and an entropy bonus (``-entropy_coef * entropy``): added per token
     *before* aggregation, so it is weighted like the policy term (per sequence under
     ``"seq-mean-token-mean"``, over ``max_tokens`` under ``"seq-mean-token-sum-norm"``), and
-    *after* the importance weights, so it is not reweighted by them. This is TRL's
-    ``GRPOTrainer._compute_loss`` order: ``per_token_loss`` = ``-min(coef_1 * A, coef_2 * A)``,
-    times the vLLM ``importance_sampling_ratio``, plus ``beta * per_token_kl`` (k3, not
-    multiplied by ``coef_1`` unless ``use_bias_correction_kl``), then masked and aggregated per
-    ``loss_type``. verl adds ``kl_coef * agg_loss(kld, loss_agg_mode)`` to
-    ``agg_loss(pg_losses * rollout_is_weights)``, the same number since the aggregation is
-    linear in the per-token loss.
+    *after* the importance weights, so it is not reweighted by them (TRL's and verl's order; the
+    README's loss table compares the two).
 
     Args:
         logp: ``[B, T]`` log-probs of the current policy (carries the gradient).
