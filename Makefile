@@ -59,7 +59,7 @@ bench-engines: $(VLLM_STAMP)
 clean:
 	rm -rf $(VENV) $(VLLM_VENV) runs lightning_logs .pytest_cache
 
-# precision and memory on one CUDA device (one JSON report, ~2 minutes on an H200; says so and exits 0 without CUDA)
+# precision and memory on one CUDA device (one JSON report; it has not run on a CUDA machine yet; says so and exits 0 without CUDA)
 .PHONY: gpu-smoke
 gpu-smoke: $(STAMP)
 	$(PY) benchmarks/gpu_smoke.py
