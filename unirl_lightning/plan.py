@@ -293,10 +293,11 @@ def _plan_training_memory(
         frozen += shape.params  # the reference copy
     batch = int(_get(config, "data", "init_args", "batch_size", default=8))
     rows = batch * int(model.get("num_generations") or 8) // max(1, int(model.get("mini_batches") or 1))
-    row_tokens = PROMPT_TOKENS_GUESS + int(model.get("max_new_tokens") or 16)
+    max_new = int(model.get("max_new_tokens") or 16)
+    row_tokens = PROMPT_TOKENS_GUESS + max_new
     tokens = _micro_batch_tokens(config, rows, row_tokens)
     checkpointing = bool(model.get("gradient_checkpointing"))
-    per_block = shape.activation_bytes_per_token()
+    per_block = shape.activation_bytes_per_token() * dtype_bytes // 2  # written for a 2-byte compute dtype
     if checkpointing:
         activations = tokens * (shape.layers * 2 * shape.hidden + per_block)
     else:
@@ -306,7 +307,8 @@ def _plan_training_memory(
         "frozen_weights": dtype_bytes * frozen / shards,
         "fsdp_gather": 2 * 4 * shape.block_params if shards > 1 else 0,
         "activations": activations,
-        "logits": tokens * shape.vocab * (2 + 2),
+        # the chunked log-probs keep logits (and their gradient) of the completion positions only
+        "logits": tokens * (max_new + 1) // row_tokens * shape.vocab * 2 * dtype_bytes,
         "push_tensor": 2 * shape.vocab * shape.hidden,
     }
     total = sum(terms.values())
