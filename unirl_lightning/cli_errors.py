@@ -138,11 +138,14 @@ def _init_keywords(class_path: str) -> list[str]:
         init = klass.__dict__.get("__init__") or klass.__dict__.get("init_rollout")  # a strategy's **rollout
         if init is None:
             continue
+        parameters = inspect.signature(init).parameters.values()
         names += [
-            n
-            for n, p in inspect.signature(init).parameters.items()
-            if n != "self" and p.kind != p.VAR_KEYWORD
+            p.name
+            for p in parameters
+            if p.name != "self" and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)
         ]
+        if not any(p.kind == p.VAR_KEYWORD for p in parameters):
+            break  # this __init__ forwards nothing to its bases
     return sorted(set(names))
 
 

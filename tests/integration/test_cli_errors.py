@@ -84,3 +84,22 @@ def test_the_console_script_lists_every_verb(capsys):
     for verb in ("fit", "plan", "validate", "export"):
         assert f"\n  {verb} " in out
     assert "--model.help GRPOModule" in out
+
+
+def test_every_grpo_setting_has_its_own_text_in_the_modules_help(capsys):
+    """``fit --model.help GRPOModule`` shows each argument with text of its own (no combined docstring
+    entry left that the help would show bare)."""
+    import re
+
+    from unirl_lightning.cli_errors import _init_keywords
+
+    with pytest.raises(SystemExit):
+        run_cli(["fit", "--model.help", "GRPOModule"])
+    out = capsys.readouterr().out
+    bare = []
+    for key in _init_keywords("unirl_lightning.modules.GRPOModule"):
+        entry = re.search(rf"^  --model\.{key}\b.*?(?=^  --|\Z)", out, re.M | re.S)
+        text = re.sub(rf"^  --model\.{key}( \S+)?", "", entry.group(0) if entry else "").strip()
+        if not text or text.startswith("(type:"):
+            bare.append(key)
+    assert bare == [], bare

@@ -68,12 +68,17 @@ class CausalLMModule(PolicyGradientModule):
             per-sample callable ``func(completion, record) -> float``; default: exact match.
         lora: train ``peft`` LoRA adapters instead of all weights; only adapters are pushed.
         num_generations: completions per prompt (the group size).
-        temperature / top_p / max_new_tokens: sampling; log-probs are recomputed at ``temperature``.
-        top_k / min_p / repetition_penalty / stop: more sampling (0 / 0.0 / 1.0 / [] = off): top-k and
-            min-p truncation, CTRL's repetition penalty, stop strings; every engine applies them (see
-            :class:`~unirl_lightning.rollout.records.SamplingParams` for the log-probs under them).
-            ``max_new_tokens`` plus the longest prompt must fit the policy's positions.
-        lr / weight_decay / betas: AdamW.
+        temperature: sampling temperature, ``> 0``; the trainer's log-probs are taken at it too.
+        top_p: nucleus sampling; 1.0 = off.
+        max_new_tokens: the completion budget; plus the longest prompt it must fit the policy's positions.
+        top_k: top-k truncation; 0 = off. Every engine applies it (see
+            :class:`~unirl_lightning.rollout.records.SamplingParams` for the log-probs under truncation).
+        min_p: min-p truncation; 0.0 = off.
+        repetition_penalty: CTRL's repetition penalty; 1.0 = off.
+        stop: stop strings; none by default.
+        lr: AdamW's learning rate.
+        weight_decay: AdamW's decoupled weight decay.
+        betas: AdamW's ``(beta1, beta2)``.
         lr_schedule: ``"constant"``, ``"linear"`` or ``"cosine"`` decay of the learning rate to 0 at
             ``trainer.max_steps`` (optimizer steps), stepped every optimizer step (Hugging Face's and
             TRL's schedules, :mod:`~unirl_lightning.modules.schedule`); logged as ``train/lr``.
@@ -81,7 +86,8 @@ class CausalLMModule(PolicyGradientModule):
         loss: ``"ppo"`` (clipped surrogate) or ``"cispo"`` (MiniMax-M1: ``-sg(min(r, cispo_cap)) * A *
             logp``, a gradient for every token; token level, without ``clip_ratio_c``; the clip
             range is unused).
-        clip_low / clip_high: PPO clip range ``[1 - clip_low, 1 + clip_high]`` (clip-higher: 0.28).
+        clip_low: the PPO clip range's lower side: ratios below ``1 - clip_low`` are clipped.
+        clip_high: its upper side, ``1 + clip_high`` (clip-higher, DAPO: 0.28).
         clip_ratio_c: dual-clip (Ye et al. 2020, verl's ``clip_ratio_c``): the loss of a token with
             ``A < 0`` is at most ``-A * clip_ratio_c``, so a stale token with a huge ratio cannot
             dominate the update; ``> 1``, None = off. Only ratios above it change the loss. Defined for
@@ -98,7 +104,8 @@ class CausalLMModule(PolicyGradientModule):
             rank's loss is its token sum over that count times the world size, so that after the
             gradient averaging of DDP / FSDP2 the gradient is the one-rank gradient of the union of
             the ranks' rows. The ``seq-mean-*`` ones divide by the mini-batch's rows on each rank.
-        kl_coef / kl_estimator: KL to a frozen copy of the initial policy (``"k1"``, ``"k2"``, ``"k3"``).
+        kl_coef: weight of the per-token KL to a frozen copy of the initial policy; 0 = none kept.
+        kl_estimator: the KL estimator: ``"k1"``, ``"k2"`` or ``"k3"``.
         entropy_coef: entropy bonus, ``loss -= entropy_coef * aggregated entropy`` (aggregated like the
             loss, verl's ``entropy_coeff``), ``>= 0``. Non-zero costs a pass over the vocabulary with
             gradient on every mini-batch; at 0 the entropy is only logged, without gradient.
@@ -113,11 +120,12 @@ class CausalLMModule(PolicyGradientModule):
             overlong filtering; their rewards still count in the group's advantages). A completion
             is truncated when it has ``max_new_tokens`` tokens and its last one is no stop token
             (EOS, end of turn).
-        overlong_buffer / overlong_penalty: DAPO's soft overlong punishment, added to the reward
-            before the advantages: 0 up to ``max_new_tokens - overlong_buffer`` tokens, then falling
-            linearly to ``-overlong_penalty`` at ``max_new_tokens``. ``overlong_buffer`` in
-            ``[0, max_new_tokens]``, 0 = off; ``overlong_penalty >= 0``.
-        ppo_epochs / mini_batches: passes over each rollout batch and optimizer steps per pass.
+        overlong_buffer: DAPO's soft overlong punishment, added to the reward before the advantages: 0
+            up to ``max_new_tokens - overlong_buffer`` tokens, then falling linearly to
+            ``-overlong_penalty`` at ``max_new_tokens``; in ``[0, max_new_tokens]``, 0 = off.
+        overlong_penalty: the punishment at ``max_new_tokens``, ``>= 0``.
+        ppo_epochs: passes over each rollout batch.
+        mini_batches: optimizer steps per pass (the batch is cut into this many mini-batches).
         max_grad_norm: gradient clipping through Lightning (``clip_gradients``); 0 = off.
         micro_batch_tokens: split every forward and backward (the no-grad recompute of the old and
             reference log-probs, the loss, the critic) into micro-batches of rows whose padded size,

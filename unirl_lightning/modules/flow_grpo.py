@@ -57,9 +57,12 @@ class FlowGRPOModule(PolicyGradientModule):
         num_generations: images per prompt (the group size), ``>= 2``.
         num_steps / eta / sde_indices / guidance_scale: sampling (see
             :class:`~unirl_lightning.rollout.records.DiffusionSampling`); ``eta > 0`` to train.
-        lr / weight_decay / betas: AdamW.
-        lr_schedule / warmup_steps: the learning rate's schedule over the optimizer steps, as
-            :class:`~unirl_lightning.modules.causal_lm.CausalLMModule`'s.
+        lr: AdamW's learning rate.
+        weight_decay: AdamW's decoupled weight decay.
+        betas: AdamW's ``(beta1, beta2)``.
+        lr_schedule: ``"constant"``, ``"linear"`` or ``"cosine"`` decay to 0 at ``trainer.max_steps``,
+            per optimizer step, as :class:`~unirl_lightning.modules.causal_lm.CausalLMModule`'s.
+        warmup_steps: optimizer steps of linear warmup from 0 to ``lr``; 0 = none.
         clip_range: PPO clip range of the per-step ratio (Flow-GRPO uses 1e-4: a step's log-prob
             is a mean over latent elements, so ratios stay very close to 1).
         adv_clip_max: advantages are clipped to ``[-adv_clip_max, adv_clip_max]``.
@@ -68,7 +71,8 @@ class FlowGRPOModule(PolicyGradientModule):
             Gaussian KL times the step size (so flow_grpo's published betas carry over).
         timestep_fraction: fraction of the recorded SDE steps trained on per RL step (a random
             subset, as in Flow-GRPO); 1.0 = all.
-        ppo_epochs / mini_batches: passes over each batch and optimizer steps per pass.
+        ppo_epochs: passes over each batch.
+        mini_batches: optimizer steps per pass.
         max_grad_norm: gradient clipping through Lightning; 0 = off.
         micro_batch_rows: replay each SDE step for at most this many images at a time, accumulating
             the gradients into the mini-batch's one optimizer step (a row is an image: a row budget is
