@@ -25,7 +25,6 @@ tensor cosine 0.85): TRL has no dual-clip, so this test turns it off; on-policy 
 from __future__ import annotations
 
 import copy
-import os
 from pathlib import Path
 
 import pytest
@@ -39,10 +38,10 @@ RECIPE = Path(__file__).resolve().parents[2] / "examples" / "grpo_smollm2_cpu.ya
 UPDATES = 3
 
 
-def recipe(tmp_path):
+def recipe(tmp_path, monkeypatch):
     from unirl_lightning.cli import UniRLCLI
 
-    os.chdir(tmp_path)  # the parsed logger and checkpoint folders land here, unused
+    monkeypatch.chdir(tmp_path)  # the parsed logger and checkpoint folders land here, unused
     # TRL has no dual-clip: with the recipe's clip_ratio_c=3.0 a token whose ratio passed 3 under a
     # negative advantage loses its gradient on our side only (measured below: one such token in update 2
     # turned the worst tensor's cosine to 0.85, the overall one to 0.9946)
@@ -178,9 +177,9 @@ def agreement(ours: dict[str, torch.Tensor], theirs: dict[str, torch.Tensor]) ->
     }
 
 
-def test_three_updates_match_trls_update_for_update(tmp_path):
+def test_three_updates_match_trls_update_for_update(tmp_path, monkeypatch):
     torch.manual_seed(0)
-    module, data = recipe(tmp_path)
+    module, data = recipe(tmp_path, monkeypatch)
     module.setup("fit")
     theirs_model = copy.deepcopy(module.policy)  # the same PeftModel, adapters as initialised
     batches = sample_batches(module, data)
