@@ -74,13 +74,7 @@ def run(config: dict[str, Any]) -> dict[str, Any]:
     start = time.perf_counter()
     trainer.fit(module, datamodule=data)
     trainer.strategy.shutdown()
-    return {
-        "machine": common.machine(),
-        "wall_s": time.perf_counter() - start,
-        "steps": steps,
-        "max_abs_ratio_minus_1": max(abs(s["ratio_mean"] - 1) for s in steps),
-        "max_logp_diff_abs": max(s["logp_diff_abs"] for s in steps),
-    }
+    return common.pin_result(steps, time.perf_counter() - start)
 
 
 def main() -> None:

@@ -337,6 +337,18 @@ def spread(values: list[float]) -> dict[str, float | None]:
     return {"median": median, "min": min(present), "max": ordered[-1], "n": len(values)}
 
 
+def pin_result(steps: list[dict[str, Any]], wall_s: float) -> dict[str, Any]:
+    """An on-policy pin run's record: the machine, its wall time, every step's figures, and the worst
+    ``|ratio_mean - 1|`` and log-prob gap over the steps (``bf16_pin.py``, ``lora_pin.py``)."""
+    return {
+        "machine": machine(),
+        "wall_s": wall_s,
+        "steps": steps,
+        "max_abs_ratio_minus_1": max(abs(s["ratio_mean"] - 1) for s in steps),
+        "max_logp_diff_abs": max(s["logp_diff_abs"] for s in steps),
+    }
+
+
 def machine() -> dict[str, Any]:
     import platform
 

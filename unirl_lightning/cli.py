@@ -60,6 +60,7 @@ from unirl_lightning.cli_config import (  # noqa: E402
     check_combinations,
     check_data_paths,
     check_reward_paths,
+    check_rollout_combinations,
     refuse_cli_optimizers,
     resolve_last_checkpoint,
 )
@@ -303,7 +304,7 @@ class PlanCLI(CheckpointCLI):
     def before_instantiate_classes(self) -> None:
         config = self.config
         try:
-            check_combinations(config)
+            check_rollout_combinations(config)  # plan_recipe applies the other setup rules itself
             check_reward_paths(config)
         except ValueError as exc:
             self.plan_error = str(exc)  # a finding of the plan, reported with the rest
@@ -334,7 +335,7 @@ class PlanCLI(CheckpointCLI):
         folder = config.get("model_config") or _bundled_model_config(data)
         shape = ModelShape.from_dir(folder) if folder else None
         result = plan_recipe(data, cluster, shape)
-        if self.plan_error and not any(f["message"] in self.plan_error for f in result["findings"]):
+        if self.plan_error:
             result["ok"] = False
             result["findings"].insert(0, {"level": "error", "key": "config", "message": self.plan_error})
         result["cluster"] = cluster_text

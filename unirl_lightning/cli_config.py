@@ -16,6 +16,8 @@ from jsonargparse import Namespace
 from lightning.pytorch.callbacks import ModelCheckpoint, ProgressBar
 
 from unirl_lightning.imports import import_callable
+from unirl_lightning.plan import FSDP_STRATEGY, world_size
+from unirl_lightning.preflight import sync_replacement_error
 
 
 def _strategy_settings(trainer: Any) -> dict[str, Any] | None:
@@ -110,29 +112,34 @@ def resolve_last_checkpoint(config: Any) -> None:
         logger.init_args["version"] = version  # log and checkpoint on in the resumed run's folder
 
 
-def check_combinations(config: Any) -> None:
-    """Reject configurations that parse but cannot run, before anything is built; the message names
-    the keys (the rules are the strategy's own, :func:`check_rollout_settings`, and
-    :func:`~unirl_lightning.preflight.sync_replacement_error`)."""
-    from unirl_lightning.preflight import sync_replacement_error
+def check_rollout_combinations(config: Any) -> dict[str, Any] | None:
+    """Reject rollout settings that parse but cannot run together (the strategy's own rule,
+    :func:`check_rollout_settings`), naming the keys; the strategy's settings, or None when the trainer
+    has no rollout strategy."""
     from unirl_lightning.runtime import check_rollout_settings
 
     trainer = config.get("trainer") if hasattr(config, "get") else None
     settings = _strategy_settings(trainer)
     if settings is None:
-        return
+        return None
     try:
         check_rollout_settings(**{k: settings[k] for k in ("placement", "max_staleness", "max_inflight")})
     except ValueError as exc:
         raise ValueError(f"trainer.strategy.init_args: {exc}") from None
-    devices, nodes = trainer.get("devices"), int(trainer.get("num_nodes") or 1)
-    world = (
-        len(devices) if isinstance(devices, list) else int(devices) if str(devices).isdigit() else 1
-    ) * nodes
-    sharded = trainer.get("strategy").get("class_path") == "unirl_lightning.strategy.AsyncRolloutFSDPStrategy"
-    error = sync_replacement_error(
-        str(settings["weight_sync"]), sharded, world, int(settings["max_worker_restarts"])
-    )
+    return settings
+
+
+def check_combinations(config: Any) -> None:
+    """Reject configurations that parse but cannot run, before anything is built; the message names
+    the keys: :func:`check_rollout_combinations`, and
+    :func:`~unirl_lightning.preflight.sync_replacement_error` (``plan`` applies the latter itself)."""
+    settings = check_rollout_combinations(config)
+    if settings is None:
+        return
+    trainer = config.get("trainer")
+    sharded = trainer.get("strategy").get("class_path") == FSDP_STRATEGY
+    restarts = int(settings["max_worker_restarts"])
+    error = sync_replacement_error(str(settings["weight_sync"]), sharded, world_size(trainer), restarts)
     if error is not None:
         raise ValueError(f"trainer.strategy.init_args: {error}")
 

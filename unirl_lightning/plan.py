@@ -33,7 +33,7 @@ from unirl_lightning.preflight import (
     sync_replacement_error,
 )
 
-__all__ = ["Cluster", "Finding", "ModelShape", "parse_cluster", "plan_recipe"]
+__all__ = ["FSDP_STRATEGY", "Cluster", "Finding", "ModelShape", "parse_cluster", "plan_recipe", "world_size"]
 
 GIB = 1024**3
 FSDP_STRATEGY = "unirl_lightning.strategy.AsyncRolloutFSDPStrategy"
@@ -148,15 +148,18 @@ def _get(node: Any, *keys: str, default: Any = None) -> Any:
     return default if node is None else node
 
 
-def _world(trainer: dict[str, Any], cluster: Cluster) -> int:
+def world_size(trainer: Any, gpus_per_node: int = 0) -> int:
+    """The training ranks ``trainer.devices`` x ``trainer.num_nodes`` name (``trainer``: the config's
+    trainer section, a dict or a Namespace): a list of devices, a count, or ``-1`` (every GPU of a node:
+    ``gpus_per_node``, at least 1); anything else counts as one rank per node."""
     devices = trainer.get("devices", "auto")
     nodes = int(trainer.get("num_nodes") or 1)
     if isinstance(devices, list):
         per_node = len(devices)
-    elif isinstance(devices, int) or (isinstance(devices, str) and devices.isdigit()):
+    elif isinstance(devices, int) and devices >= 0 or (isinstance(devices, str) and devices.isdigit()):
         per_node = int(devices)
-    elif devices == -1 or cluster.cpu:
-        per_node = cluster.gpus or 1
+    elif devices == -1:
+        per_node = gpus_per_node or 1
     else:
         per_node = 1
     return per_node * nodes
@@ -170,7 +173,7 @@ def plan_recipe(config: dict[str, Any], cluster: Cluster, shape: ModelShape | No
     rollout = strategy.get("init_args") or {}
     model = _get(config, "model", "init_args", default={})
     policy = _get(model, "policy", "init_args", default={})
-    world = _world(trainer, cluster)
+    world = world_size(trainer, cluster.gpus)
     per_node = max(1, world // int(trainer.get("num_nodes") or 1))
     sharded = strategy.get("class_path") == FSDP_STRATEGY
     restarts = int(rollout.get("max_worker_restarts", 3))

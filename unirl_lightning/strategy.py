@@ -54,7 +54,7 @@ from unirl_lightning.runtime import (
     rank_share,
     runtime_for,
 )
-from unirl_lightning.weight_sync import WeightSync, WeightSyncName, resolve_weight_sync
+from unirl_lightning.weight_sync import CollectiveWeightSync, WeightSync, WeightSyncName, resolve_weight_sync
 
 log = logging.getLogger(__name__)
 
@@ -177,7 +177,7 @@ class RolloutStrategyMixin:
     def preflight(self, world_size: int) -> None:
         """The setup rules of :mod:`unirl_lightning.preflight` that read the strategy alone, checked on every
         rank at the same point (so every rank refuses together), before any worker starts."""
-        kind = {"CollectiveWeightSync": "collective"}.get(type(self.weight_sync).__name__, "other")
+        kind = "collective" if isinstance(self.weight_sync, CollectiveWeightSync) else "other"
         error = sync_replacement_error(kind, self.shards_model, world_size, self.rollout.max_worker_restarts)
         if error is not None:
             raise ValueError(error)
