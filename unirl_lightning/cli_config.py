@@ -77,9 +77,12 @@ def check_reward_paths(config: Any) -> None:
             )
 
 
-def resolve_last_checkpoint(config: Any) -> None:
+FIT_MISSING_LAST = "omit --ckpt_path to start a new run, or give the checkpoint's path"
+
+
+def resolve_last_checkpoint(config: Any, hint: str = FIT_MISSING_LAST) -> None:
     """``ckpt_path: last`` -> the newest ``last*.ckpt`` of this run, and the logger continues in that
-    run's folder; ``FileNotFoundError`` naming where it looked when there is none."""
+    run's folder; ``FileNotFoundError`` naming where it looked, and ``hint``, when there is none."""
     if config.get("ckpt_path") != "last":
         return
     trainer = config.get("trainer")
@@ -103,13 +106,50 @@ def resolve_last_checkpoint(config: Any) -> None:
     if not found:
         looked = [str(folder) for folder, _ in folders] or [str(root)]
         raise FileNotFoundError(
-            f"ckpt_path: 'last' was given but there is no last*.ckpt in {looked}; omit --ckpt_path to start a new "
-            "run, or give the checkpoint's path"
+            f"ckpt_path: 'last' was given but there is no last*.ckpt in {looked}; {hint}"
         )
     path, version = max(found, key=lambda item: item[0].stat().st_mtime)
     config["ckpt_path"] = str(path)
     if version is not None and isinstance(logger, Namespace) and logger.init_args.get("version") is None:
         logger.init_args["version"] = version  # log and checkpoint on in the resumed run's folder
+
+
+def checkpoint_hyperparameters(ckpt_path: str | None) -> dict[str, Any]:
+    """The module settings a checkpoint was saved with (``hyper_parameters``, without Lightning's
+    ``_class_path`` / ``_instantiator``): of a ``.ckpt`` file (memory-mapped: the weights are not
+    read) or of a sharded checkpoint folder's metadata; ``{}`` for anything else."""
+    import torch
+
+    from unirl_lightning.export import SHARDED_METADATA
+
+    path = Path(ckpt_path) if ckpt_path else None
+    if path is not None and path.is_dir():
+        path = path / SHARDED_METADATA
+    if path is None or not path.is_file():
+        return {}
+    saved = torch.load(path, map_location="cpu", weights_only=True, mmap=path.suffix == ".ckpt")
+    hparams = dict(saved.get("hyper_parameters") or {})
+    return {k: v for k, v in hparams.items() if k not in ("_class_path", "_instantiator")}
+
+
+def checkpoint_overrides(config: Any, hparams: dict[str, Any]) -> list[str]:
+    """One line per module setting whose value in the config (file or command line) differs from the
+    checkpoint's ``hparams``: on resume the checkpoint's value is the one used."""
+    model = config.get("model")
+    given = model.get("init_args") if isinstance(model, Namespace) else None
+    lines = []
+    for key, saved in hparams.items():
+        value = given.get(key) if isinstance(given, Namespace) and key in given else None
+        if value is None or isinstance(value, Namespace):
+            continue
+        if (list(value) if isinstance(value, tuple) else value) != (
+            list(saved) if isinstance(saved, tuple) else saved
+        ):
+            lines.append(
+                f"model.init_args.{key}: the config says {value!r}, the checkpoint {saved!r}; resuming with "
+                f"the checkpoint's {saved!r} (a resume continues the saved run; start a new run to change it)"
+            )
+    return lines
 
 
 def check_rollout_combinations(config: Any) -> dict[str, Any] | None:
@@ -177,7 +217,7 @@ def refuse_cli_optimizers(config: Any) -> None:
     if config.get("lr_scheduler") is not None:
         raise ValueError(
             "--lr_scheduler is not used by the RL modules: set model.init_args.lr_schedule (one of "
-            "'constant', 'linear', 'cosine') and model.init_args.warmup_steps (optimizer steps)"
+            "'constant', 'linear', 'cosine') and model.init_args.warmup_steps (RL steps)"
         )
 
 

@@ -42,7 +42,7 @@ VLLM_ENGINE = "unirl_lightning.engines.vllm.VLLMEngineConfig"
 CAUSAL_LM_SPECS = ("unirl_lightning.models.PretrainedCausalLM", "unirl_lightning.models.TinyCausalLM")
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 ACTIVATION_PROFILE_GIB = 2.0  # vLLM's profiling run: one max-batch forward, a few GiB on a 7B model
-PROMPT_TOKENS_GUESS = 256  # the prompt length assumed for KV-cache sizing (the recipe does not say)
+PROMPT_TOKENS_GUESS = 256  # the prompt length assumed when the recipe sets no data max_prompt_length
 
 
 @dataclasses.dataclass(frozen=True)
@@ -163,6 +163,12 @@ def world_size(trainer: Any, gpus_per_node: int = 0) -> int:
     else:
         per_node = 1
     return per_node * nodes
+
+
+def _prompt_tokens(config: dict[str, Any]) -> int:
+    """The prompt tokens per row: the data module's ``max_prompt_length`` (a bound: longer prompts
+    are dropped), else :data:`PROMPT_TOKENS_GUESS`."""
+    return int(_get(config, "data", "init_args", "max_prompt_length", default=None) or PROMPT_TOKENS_GUESS)
 
 
 def plan_recipe(config: dict[str, Any], cluster: Cluster, shape: ModelShape | None) -> dict[str, Any]:
@@ -297,7 +303,7 @@ def _plan_training_memory(
     batch = int(_get(config, "data", "init_args", "batch_size", default=8))
     rows = batch * int(model.get("num_generations") or 8) // max(1, int(model.get("mini_batches") or 1))
     max_new = int(model.get("max_new_tokens") or 16)
-    row_tokens = PROMPT_TOKENS_GUESS + max_new
+    row_tokens = _prompt_tokens(config) + max_new
     tokens = _micro_batch_tokens(config, rows, row_tokens)
     checkpointing = bool(model.get("gradient_checkpointing"))
     per_block = shape.activation_bytes_per_token() * dtype_bytes // 2  # written for a 2-byte compute dtype
@@ -365,7 +371,7 @@ def _plan_worker_memory(
         * int(rollout.get("max_inflight", 2))
         // max(1, int(rollout.get("num_workers", 1)))
     )
-    row_tokens = PROMPT_TOKENS_GUESS + int(model.get("max_new_tokens") or 16)
+    row_tokens = _prompt_tokens(config) + int(model.get("max_new_tokens") or 16)
     figures["vllm_worker_gpu"] = {
         "weights_gib": round(weights / GIB, 2),
         "budget_gib": round(budget / GIB, 2),

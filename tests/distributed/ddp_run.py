@@ -33,10 +33,10 @@ from lightning.pytorch import Callback, Trainer, seed_everything  # noqa: E402
 from lightning.pytorch.callbacks import ModelCheckpoint  # noqa: E402
 
 from tests.builders import tiny_module  # noqa: E402
+from tests.distributed.faults import FailingReward  # noqa: E402
 from unirl_lightning.callbacks import WeightSyncCallback, WeightVersionLogger  # noqa: E402
 from unirl_lightning.data import PromptDataModule  # noqa: E402
 from unirl_lightning.lora import LoraSpec  # noqa: E402
-from unirl_lightning.rewards import ExactMatchReward  # noqa: E402
 from unirl_lightning.sharding import full_tensor, local_numel  # noqa: E402
 from unirl_lightning.strategy import AsyncRolloutDDPStrategy, AsyncRolloutFSDPStrategy  # noqa: E402
 
@@ -123,23 +123,6 @@ def raise_in_training_step(module, rank: int, at_step: int, out: Path) -> None:
     module.training_step = failing_step
 
 
-class FailingReward(ExactMatchReward):
-    """Exact match that raises at its ``at_call``-th call in the rollout worker of rank ``rank`` only
-    (each rank builds its own module: ``LOCAL_RANK`` says which); the time goes to ``out/raised_at``."""
-
-    def __init__(self, rank: int, at_call: int, out: Path) -> None:
-        super().__init__()
-        self.fails = int(os.environ.get("LOCAL_RANK", "0")) == rank
-        self.rank, self.at_call, self.out, self.calls = rank, at_call, str(out), 0
-
-    def __call__(self, completions, records):
-        self.calls += 1
-        if self.fails and self.calls == self.at_call:
-            Path(self.out, "raised_at").write_text(repr(time.time()))
-            raise RuntimeError(f"injected reward failure on rank {self.rank} at call {self.at_call}")
-        return super().__call__(completions, records)
-
-
 def whole_state(pl_module) -> dict:
     """The policy's tensors whole (a sharded policy is gathered: every rank runs this, in the same order)."""
     return {k: full_tensor(v) for k, v in pl_module.policy.state_dict().items()}
@@ -221,7 +204,7 @@ def main() -> None:
     if args.raise_rank is not None:
         raise_in_training_step(module, args.raise_rank, args.raise_at_step, out)
     if args.raise_reward_rank is not None:
-        module.reward = FailingReward(args.raise_reward_rank, args.raise_at_call, out)
+        module.reward = FailingReward(args.raise_reward_rank, args.raise_at_call, str(out))
     data = PromptDataModule(
         train="digit_successor",
         batch_size=4,

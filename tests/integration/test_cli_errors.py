@@ -103,3 +103,33 @@ def test_every_grpo_setting_has_its_own_text_in_the_modules_help(capsys):
         if not text or text.startswith("(type:"):
             bare.append(key)
     assert bare == [], bare
+
+
+def test_fit_help_ends_with_where_the_rl_settings_are_and_each_named_help_works(capsys):
+    """``fit --help`` names a ``--X.help CLASS`` for the module, the strategy, the data and the
+    evaluation; each of them prints that class's settings (exit 0)."""
+    import re
+
+    from unirl_lightning.cli import FIT_SETTINGS_HELP
+
+    with pytest.raises(SystemExit) as exit_info:
+        run_cli(["fit", "--help"])
+    assert exit_info.value.code == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert " ".join(FIT_SETTINGS_HELP.split()) in out
+    named = re.findall(r"(--[\w.]+\.help) ([\w.]*\w)", FIT_SETTINGS_HELP)
+    assert [flag for flag, _ in named] == [
+        "--model.help",
+        "--trainer.strategy.help",
+        "--data.help",
+        "--trainer.callbacks.help",
+    ]
+    for flag, cls in named:
+        with pytest.raises(SystemExit) as exit_info:
+            run_cli(["fit", flag, cls])
+        assert exit_info.value.code == 0, (flag, cls)
+        printed = capsys.readouterr().out
+        assert f"Help for {flag}=" in printed and printed.count(f"  {flag.removesuffix('help')}") >= 3, (
+            flag,
+            cls,
+        )

@@ -192,3 +192,49 @@ def test_a_reward_that_raises_in_rank_1s_worker_ends_every_rank_within_the_abort
         "a rank outlived the deadline"
     )
     assert_nothing_left(marker)
+
+
+def cli_two_ranks(out: Path, max_steps: int, reward: dict, marker: str) -> subprocess.CompletedProcess:
+    """``unirl-lightning fit --config examples/grpo_tiny_ddp.yaml`` as a user runs it (Lightning's
+    launcher starts rank 1 from the same command), with ``reward`` and a small model."""
+    env = {k: v for k, v in os.environ.items() if k not in LAUNCHER_VARIABLES}
+    env.update({"RAY_AUTH_MODE": "token", RUN_MARKER: marker, "PYTHONPATH": str(ROOT)})
+    command = [sys.executable, "-m", "unirl_lightning.cli", "fit", "--config", "examples/grpo_tiny_ddp.yaml"]
+    command += [f"--trainer.logger.init_args.save_dir={out}", f"--trainer.max_steps={max_steps}"]
+    command += ["--trainer.enable_progress_bar=false"]
+    command += ["--model.init_args.policy.init_args.hidden_size=32", "--model.init_args.num_generations=4"]
+    command += ["--data.init_args.batch_size=4", f"--model.init_args.reward={json.dumps(reward)}"]
+    return subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=400)
+
+
+def test_from_the_cli_a_reward_raising_on_rank_1_ends_both_ranks_within_the_abort_timeout(tmp_path):
+    """The recipe as shipped, from the CLI: rank 1's reward raises at its third call; both processes
+    end within ``abort_timeout_s`` of it, with that error, and no process of the run is left."""
+    marker = a_marker()
+    reward = {
+        "class_path": "tests.distributed.faults.FailingReward",
+        "init_args": {"rank": 1, "at_call": 3, "out": str(tmp_path)},
+    }
+    done = cli_two_ranks(tmp_path / "runs", 20, reward, marker)
+    ended = time.time()
+    assert done.returncode != 0
+    assert "injected reward failure on rank 1 at call 3" in done.stderr, done.stderr[-4000:]
+    assert ended - float((tmp_path / "raised_at").read_text()) < ABORT_TIMEOUT_S, (
+        "a rank outlived the deadline"
+    )
+    assert_nothing_left(marker)
+
+
+def test_from_the_cli_a_reward_part_only_rank_1_has_is_logged(tmp_path):
+    """Rank 1's reward has a part rank 0's lacks: the metric vector is the union of the ranks' keys, so
+    the run does not hang and rank 0's TensorBoard file has the part (rank 1's mean) at every step."""
+    from unirl_lightning.tb import read_scalars
+
+    marker = a_marker()
+    done = cli_two_ranks(tmp_path / "runs", 3, {"class_path": "tests.distributed.faults.RankOnePart"}, marker)
+    assert done.returncode == 0, done.stderr[-4000:]
+    (log_dir,) = (tmp_path / "runs" / "grpo_tiny_ddp").glob("version_*")
+    scalars = read_scalars(log_dir)
+    assert [step for step, _ in scalars["rollout/reward/rank1_only_mean"]] == [1, 2, 3]
+    assert [step for step, _ in scalars["rollout/reward/exact_match_mean"]] == [1, 2, 3]
+    assert_nothing_left(marker)

@@ -1,22 +1,17 @@
 """Lightning's progress bars, counting RL steps.
 
-Lightning counts optimizer steps in ``trainer.max_steps`` and ``trainer.global_step``; an RL step
-(one rollout batch) takes ``ppo_epochs x mini_batches`` of them, and the rollout loop is one
-endless epoch. These bars show ``RL step k/K`` (``K = max_steps / optimizer steps per RL step``,
-counted over the whole run, also after a resume) and the logged metrics without ``v_num``.
+``trainer.max_steps`` and ``trainer.global_step`` count RL steps (one rollout batch each, whatever its
+``ppo_epochs x mini_batches`` optimizer steps: ``PolicyGradientModule.take_optimizer_step``), and the
+rollout loop is one endless epoch. These bars show ``RL step k/K`` (``K = max_steps``, counted over
+the whole run, also after a resume) and the logged metrics without ``v_num``.
 ``RLModule.configure_callbacks`` swaps Lightning's default bar for the matching one here.
 """
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 from lightning.pytorch.callbacks import RichProgressBar, TQDMProgressBar
-
-
-def _steps_per_batch(trainer: Any) -> int:
-    return max(1, int(getattr(trainer.lightning_module, "optimizer_steps_per_batch", 1)))
 
 
 class _RLStepCount:
@@ -27,7 +22,7 @@ class _RLStepCount:
         max_steps = self.trainer.max_steps
         if max_steps is None or max_steps < 0:
             return float("inf")
-        return math.ceil(max_steps / _steps_per_batch(self.trainer))
+        return max_steps
 
     @property
     def train_description(self) -> str:
@@ -42,8 +37,7 @@ class _RLStepCount:
         self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
         # the bars show batch_idx + 1: pass the RL steps done over the whole run instead
-        done = trainer.global_step // _steps_per_batch(trainer)
-        super().on_train_batch_end(trainer, pl_module, outputs, batch, done - 1)
+        super().on_train_batch_end(trainer, pl_module, outputs, batch, trainer.global_step - 1)
 
 
 class RLProgressBar(_RLStepCount, TQDMProgressBar):

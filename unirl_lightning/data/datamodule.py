@@ -126,6 +126,11 @@ class PromptDataModule(LightningDataModule):
         map_fn: ``row -> row`` (or its import path ``"pkg.mod:fn"``), applied to the raw rows of
             train and val (``Dataset.map``) before ``prompt_key``/``answer_key`` are read.
         filter_fn: ``row -> bool`` (or its import path), keeps the rows it is true for, after ``map_fn``.
+        max_prompt_length: drop the training and held-out records whose rendered prompt (chat
+            template and system prompt included, as the engines render it) is longer than this many
+            tokens, counted (``dropped_prompts``, logged as ``data/dropped_prompts/{train,val}``); needs a module
+            with ``prompt_length(record)`` (the causal-LM modules). None = keep every record. verl's
+            ``filter_overlong_prompts``; TRL truncates instead, which cuts the start off a problem.
 
     Example::
 
@@ -160,8 +165,11 @@ class PromptDataModule(LightningDataModule):
         data_files: str | list[str] | dict[str, str | list[str]] | None = None,
         map_fn: str | None = None,
         filter_fn: str | None = None,
+        max_prompt_length: int | None = None,
     ) -> None:
         super().__init__()
+        if max_prompt_length is not None:
+            _check_positive_int("max_prompt_length", max_prompt_length)
         if held_out not in get_args(HeldOut):
             raise ValueError(
                 f"PromptDataModule held_out={held_out!r} is invalid; expected one of {list(get_args(HeldOut))}."
@@ -197,6 +205,8 @@ class PromptDataModule(LightningDataModule):
         self.data_files = data_files
         self.map_fn = map_fn
         self.filter_fn = filter_fn
+        self.max_prompt_length = max_prompt_length
+        self.dropped_prompts: dict[str, int] = {}
         self._train_records: list[dict] | PromptRecords | None = None
         self._val_records: list[dict] | PromptRecords | None = None
 
@@ -227,9 +237,11 @@ class PromptDataModule(LightningDataModule):
         )
 
     def setup(self, stage: str | None = None) -> None:
-        """Load train and held-out records (idempotent; datasets stay memory-mapped)."""
+        """Load train and held-out records (idempotent; datasets stay memory-mapped), without the
+        prompts longer than ``max_prompt_length``."""
         if self._train_records is None:
             records = self._load(self.train_source, self.num_train_prompts, self.seed, "train", self.split)
+            records = self._drop_overlong(records, "train")
             if len(records) < self.batch_size:
                 raise ValueError(
                     f"PromptDataModule train={self.train_source!r} has {len(records)} records, fewer than "
@@ -244,10 +256,43 @@ class PromptDataModule(LightningDataModule):
             self._val_records = (
                 []
                 if val_source is None
-                else self._load(
-                    val_source, self.num_val_prompts, held_out_seed(self.seed), "held_out", self.val_split
+                else self._drop_overlong(
+                    self._load(
+                        val_source, self.num_val_prompts, held_out_seed(self.seed), "held_out", self.val_split
+                    ),
+                    "val",
                 )
             )
+
+    def _drop_overlong(self, records: list[dict] | PromptRecords, split: str) -> list[dict] | PromptRecords:
+        """``records`` without those whose prompt is longer than ``max_prompt_length`` tokens (counted
+        in ``dropped_prompts[split]``, logged, and written to the trainer's loggers)."""
+        if self.max_prompt_length is None:
+            return records
+        trainer = getattr(self, "trainer", None)
+        module = trainer.lightning_module if trainer is not None else None
+        length = getattr(module, "prompt_length", None)
+        if length is None:
+            raise ValueError(
+                f"PromptDataModule max_prompt_length={self.max_prompt_length} needs the module's tokenizer: use the "
+                f"data module in Trainer.fit with a causal-LM module (got {type(module).__name__})"
+            )
+        keep = [i for i in range(len(records)) if length(records[i]) <= self.max_prompt_length]
+        dropped = len(records) - len(keep)
+        self.dropped_prompts[split] = dropped
+        if dropped:
+            log.warning(
+                "PromptDataModule: dropped %d of %d %s prompts longer than max_prompt_length=%d tokens",
+                dropped,
+                len(records),
+                split,
+                self.max_prompt_length,
+            )
+        for logger in trainer.loggers:
+            logger.log_metrics({f"data/dropped_prompts/{split}": float(dropped)}, step=0)
+        if isinstance(records, list):
+            return [records[i] for i in keep]
+        return PromptRecords(records.rows.select(keep), records.prompt_key, records.answer_key, records.source)
 
     def train_records(self) -> list[dict] | PromptRecords:
         """All training records (loads them on first call): sized and indexable."""

@@ -40,6 +40,7 @@ from typing import Any
 import torch
 from lightning.pytorch import LightningModule
 from lightning.pytorch.callbacks import Callback, RichProgressBar, TQDMProgressBar
+from lightning.pytorch.core.optimizer import LightningOptimizer
 from lightning.pytorch.strategies import ParallelStrategy
 from lightning.pytorch.utilities import rank_zero_warn
 
@@ -63,6 +64,10 @@ from unirl_lightning.sharding import full_tensor
 from unirl_lightning.weight_sync.base import set_serving_dtype
 
 
+def _no_closure() -> None:
+    """The closure of a manual-optimization step (the backward has run already)."""
+
+
 class RLModule(LightningModule):
     """Base of the RL modules: manual optimization, the rollout spec, default callbacks."""
 
@@ -82,7 +87,9 @@ class RLModule(LightningModule):
         return [WeightSyncCallback(), WeightVersionLogger(), CheckpointOnExit(), TimelineWriter()]
 
     optimizer_steps_per_batch: int = 1
-    """Optimizer steps per RL step (``trainer.max_steps`` counts optimizer steps)."""
+    """Optimizer steps per RL step (``ppo_epochs x mini_batches``). Lightning's step counter
+    (``trainer.max_steps``, ``trainer.global_step``, ``ModelCheckpoint(every_n_train_steps)``, the
+    loggers' x-axis) counts RL steps: see :meth:`PolicyGradientModule.take_optimizer_step`."""
 
     def configure_callbacks(self) -> list[Callback]:
         """Lightning hook (runs before callback ``setup`` and before a checkpoint is restored):
@@ -103,9 +110,9 @@ class PolicyGradientModule(RLModule):
     Keyword arguments (a subclass passes its own through):
         lr, weight_decay, betas: AdamW over the trainable parameters of ``self.policy`` (with LoRA:
             the adapters).
-        lr_schedule, warmup_steps: the learning rate's schedule over the optimizer steps
-            (:mod:`~unirl_lightning.modules.schedule`; ``"linear"`` and ``"cosine"`` decay to 0 at
-            ``trainer.max_steps``).
+        lr_schedule, warmup_steps: the learning rate's schedule, stepped every optimizer step
+            (:mod:`~unirl_lightning.modules.schedule`; ``warmup_steps`` in RL steps; ``"linear"`` and
+            ``"cosine"`` decay to 0 at ``trainer.max_steps``, in RL steps).
         ppo_epochs, mini_batches: passes over each rollout batch, and optimizer steps per pass.
         max_grad_norm: gradient clipping by norm through Lightning (``clip_gradients``); 0 = off.
         kl_coef: weight of a KL term to the reference policy (the initial weights; with LoRA the
@@ -154,7 +161,6 @@ class PolicyGradientModule(RLModule):
         self.last_advantages: torch.Tensor | None = None
         self.last_step_metrics: dict[str, torch.Tensor] = {}
         self.last_logged_metrics: dict[str, float] = {}
-        self._rl_steps = 0
         self.step_lr: float | None = None  # the learning rate of the step's first optimizer step
 
     # -- what a subclass supplies ---------------------------------------------------------------
@@ -191,22 +197,33 @@ class PolicyGradientModule(RLModule):
         optimizer = self.optimizers()
         self.step_lr = optimizer.param_groups[0]["lr"]
         rows = torch.arange(batch.num_rows, device=batch.rewards.device)
+        minibatches = [mb for _epoch in range(self.ppo_epochs) for mb in rows.chunk(self.mini_batches)]
         first: dict[str, torch.Tensor] = {}
-        for _epoch in range(self.ppo_epochs):
-            for mb in rows.chunk(self.mini_batches):
-                optimizer.zero_grad()
-                self.first_minibatch = not first  # only its metrics are logged: costly ones only then
-                metrics = self.backward_minibatch(batch.select(mb), context.select(mb))
-                if not first:
-                    grads = [p.grad for p in self.parameters() if p.grad is not None]
-                    first = {**metrics, "grad_norm": full_tensor(torch.nn.utils.get_total_norm(grads))}
-                if self.max_grad_norm > 0:
-                    self.clip_gradients(
-                        optimizer, gradient_clip_val=self.max_grad_norm, gradient_clip_algorithm="norm"
-                    )
-                optimizer.step()
-                self.step_schedulers()
+        for i, mb in enumerate(minibatches):
+            optimizer.zero_grad()
+            self.first_minibatch = not first  # only its metrics are logged: costly ones only then
+            metrics = self.backward_minibatch(batch.select(mb), context.select(mb))
+            if not first:
+                grads = [p.grad for p in self.parameters() if p.grad is not None]
+                first = {**metrics, "grad_norm": full_tensor(torch.nn.utils.get_total_norm(grads))}
+            if self.max_grad_norm > 0:
+                self.clip_gradients(
+                    optimizer, gradient_clip_val=self.max_grad_norm, gradient_clip_algorithm="norm"
+                )
+            self.take_optimizer_step(optimizer, counted=i == len(minibatches) - 1)
         return first
+
+    def take_optimizer_step(self, optimizer: Any, counted: bool) -> None:
+        """One optimizer step, then the schedulers'. Lightning's step counter counts RL steps, the
+        user's one clock: only an RL step's last optimizer step goes through the
+        ``LightningOptimizer`` (which counts it); the others go straight to the trainer's strategy
+        (``Strategy.optimizer_step``: the same precision plugin and hooks, without the count)."""
+        trainer = self.attached_trainer()
+        if counted or trainer is None or not isinstance(optimizer, LightningOptimizer):
+            optimizer.step()
+        else:
+            trainer.strategy.optimizer_step(optimizer.optimizer, closure=_no_closure)
+        self.step_schedulers()
 
     def step_schedulers(self) -> None:
         """Step every learning-rate scheduler once (manual optimization: Lightning does not)."""
@@ -314,9 +331,12 @@ class PolicyGradientModule(RLModule):
         if self.lr_schedule != "constant" and total is None:
             raise ValueError(
                 f"lr_schedule={self.lr_schedule!r} decays to 0 at trainer.max_steps: set trainer.max_steps "
-                "(optimizer steps), or use lr_schedule='constant'"
+                "(RL steps), or use lr_schedule='constant'"
             )
-        schedule, warmup = self.lr_schedule, self.warmup_steps
+        # the schedule is stepped every optimizer step; its settings are in RL steps
+        per_step = self.optimizer_steps_per_batch
+        schedule, warmup = self.lr_schedule, self.warmup_steps * per_step
+        total = total * per_step if total is not None else None
         scheduler = torch.optim.lr_scheduler.LambdaLR(
             optimizer,
             functools.partial(lr_factor, lr_schedule=schedule, warmup_steps=warmup, total_steps=total),
@@ -377,19 +397,20 @@ class PolicyGradientModule(RLModule):
     WATCHED = ("rollout/reward_mean", "train/loss", "train/ratio_mean", "train/logp_diff_abs", "train/kl")
 
     def log_step_metrics(self, metrics: dict[str, Any], batch_size: int) -> None:
-        """Log one RL step's figures: the :attr:`WATCHED` ones through ``self.log`` (reward on the
-        progress bar), the rest straight to the trainer's loggers every ``log_every_n_steps`` RL steps
-        (``self.log`` costs about a millisecond of bookkeeping per key). With several ranks every
-        figure is the mean over the ranks that have it (:func:`mean_over_ranks`: the keys are the
-        union over the ranks). ``last_logged_metrics`` keeps them all."""
+        """Log one RL step's figures straight to the trainer's loggers every ``log_every_n_steps`` RL
+        steps, at the step's number (``global_step`` after its update: 1 for the first, the x-axis of
+        the evaluations, completions and histograms too); the :attr:`WATCHED` ones also through
+        ``self.log`` without its logger (the progress bar shows the reward; ``callback_metrics``
+        feeds monitors). ``self.log`` costs about a millisecond of bookkeeping per key. With several
+        ranks every figure is the mean over the ranks that have it (:func:`mean_over_ranks`: the keys
+        are the union over the ranks). ``last_logged_metrics`` keeps them all."""
         # on the module's device: the reduction runs on the training backend (NCCL reduces CUDA tensors only)
         reduced = mean_over_ranks(metrics, self.device)
         self.last_logged_metrics = reduced
         for key in self.WATCHED:
             if key in reduced:
-                self.log(key, reduced[key], prog_bar=key == "rollout/reward_mean", batch_size=batch_size)
-        self._rl_steps += 1
-        if self._rl_steps % max(1, self.trainer.log_every_n_steps) == 0:
-            rest = {k: v for k, v in reduced.items() if k not in self.WATCHED}
+                prog_bar = key == "rollout/reward_mean"
+                self.log(key, reduced[key], prog_bar=prog_bar, logger=False, batch_size=batch_size)
+        if self.global_step % max(1, self.trainer.log_every_n_steps) == 0:
             for logger in self.loggers:
-                logger.log_metrics(rest, step=self.global_step)
+                logger.log_metrics(reduced, step=self.global_step)

@@ -21,6 +21,7 @@ Subclasses (:class:`~unirl_lightning.modules.grpo.GRPOModule`,
 from __future__ import annotations
 
 import functools
+from typing import Any
 
 import torch
 from lightning.pytorch.utilities import rank_zero_warn
@@ -80,9 +81,10 @@ class CausalLMModule(PolicyGradientModule):
         weight_decay: AdamW's decoupled weight decay.
         betas: AdamW's ``(beta1, beta2)``.
         lr_schedule: ``"constant"``, ``"linear"`` or ``"cosine"`` decay of the learning rate to 0 at
-            ``trainer.max_steps`` (optimizer steps), stepped every optimizer step (Hugging Face's and
+            ``trainer.max_steps`` (RL steps), stepped every optimizer step (Hugging Face's and
             TRL's schedules, :mod:`~unirl_lightning.modules.schedule`); logged as ``train/lr``.
-        warmup_steps: optimizer steps of linear warmup from 0 to ``lr`` first; 0 = none.
+        warmup_steps: RL steps of linear warmup from 0 to ``lr`` first (stepped every optimizer
+            step); 0 = none.
         loss: ``"ppo"`` (clipped surrogate) or ``"cispo"`` (MiniMax-M1: ``-sg(min(r, cispo_cap)) * A *
             logp``, a gradient for every token; token level, without ``clip_ratio_c``; the clip
             range is unused).
@@ -250,6 +252,11 @@ class CausalLMModule(PolicyGradientModule):
         self.stop_ids = tuple(self.policy_spec.stop_ids(self.tokenizer)) if mask_truncated else ()
 
     # -- what the strategy needs ----------------------------------------------------------------
+    def prompt_length(self, record: dict[str, Any]) -> int:
+        """The number of prompt tokens ``record`` renders to, as every engine renders it (the chat
+        template and system prompt included): what ``PromptDataModule(max_prompt_length)`` reads."""
+        return len(self.policy_spec.prompt_ids(self.tokenizer, record))
+
     def rollout_spec(self) -> RolloutSpec:
         return RolloutSpec(
             policy=self.policy_spec,

@@ -62,7 +62,7 @@ class FlowGRPOModule(PolicyGradientModule):
         betas: AdamW's ``(beta1, beta2)``.
         lr_schedule: ``"constant"``, ``"linear"`` or ``"cosine"`` decay to 0 at ``trainer.max_steps``,
             per optimizer step, as :class:`~unirl_lightning.modules.causal_lm.CausalLMModule`'s.
-        warmup_steps: optimizer steps of linear warmup from 0 to ``lr``; 0 = none.
+        warmup_steps: RL steps of linear warmup from 0 to ``lr`` (stepped every optimizer step); 0 = none.
         clip_range: PPO clip range of the per-step ratio (Flow-GRPO uses 1e-4: a step's log-prob
             is a mean over latent elements, so ratios stay very close to 1).
         adv_clip_max: advantages are clipped to ``[-adv_clip_max, adv_clip_max]``.

@@ -1,5 +1,6 @@
 """Learning-rate schedules of the RL modules: a linear warmup, then constant, linear or cosine decay,
-stepped once per optimizer step (the steps ``trainer.max_steps`` counts), as Hugging Face's
+stepped once per optimizer step (the module multiplies its settings, ``warmup_steps`` and
+``trainer.max_steps``, both in RL steps, by the optimizer steps per RL step), as Hugging Face's
 ``get_{constant,linear,cosine}_schedule_with_warmup`` define them (TRL's ``lr_scheduler_type`` and
 ``warmup_steps``): during warmup the factor is ``step / warmup_steps`` (0 at the first step), then
 ``1``, ``(total - step) / (total - warmup_steps)`` or ``(1 + cos(pi * progress)) / 2``."""
