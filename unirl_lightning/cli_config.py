@@ -105,9 +105,7 @@ def resolve_last_checkpoint(config: Any, hint: str = FIT_MISSING_LAST) -> None:
     found = [(path, version) for folder, version in folders for path in folder.glob("last*.ckpt")]
     if not found:
         looked = [str(folder) for folder, _ in folders] or [str(root)]
-        raise FileNotFoundError(
-            f"ckpt_path: 'last' was given but there is no last*.ckpt in {looked}; {hint}"
-        )
+        raise FileNotFoundError(f"ckpt_path: 'last' was given but there is no last*.ckpt in {looked}; {hint}")
     path, version = max(found, key=lambda item: item[0].stat().st_mtime)
     config["ckpt_path"] = str(path)
     if version is not None and isinstance(logger, Namespace) and logger.init_args.get("version") is None:

@@ -292,7 +292,9 @@ class PromptDataModule(LightningDataModule):
             logger.log_metrics({f"data/dropped_prompts/{split}": float(dropped)}, step=0)
         if isinstance(records, list):
             return [records[i] for i in keep]
-        return PromptRecords(records.rows.select(keep), records.prompt_key, records.answer_key, records.source)
+        return PromptRecords(
+            records.rows.select(keep), records.prompt_key, records.answer_key, records.source
+        )
 
     def train_records(self) -> list[dict] | PromptRecords:
         """All training records (loads them on first call): sized and indexable."""
