@@ -30,6 +30,7 @@ from typing import Any
 from unirl_lightning.preflight import (
     chat_template_warning,
     precision_warning,
+    multi_node_ray_error,
     sync_replacement_error,
 )
 
@@ -187,6 +188,9 @@ def plan_recipe(config: dict[str, Any], cluster: Cluster, shape: ModelShape | No
     error = sync_replacement_error(str(weight_sync), sharded, world, restarts)
     if error:
         findings.append(Finding("error", "trainer.strategy.init_args.max_worker_restarts", error))
+    multi_node = multi_node_ray_error(int(trainer.get("num_nodes") or 1), None)
+    if multi_node:  # fit refuses it unless RAY_ADDRESS is set at launch
+        findings.append(Finding("warning", "trainer.num_nodes", "at launch: " + multi_node))
     causal = _get(model, "policy", "class_path") in CAUSAL_LM_SPECS  # the modules that autocast themselves
     warning = precision_warning(trainer.get("precision"), policy.get("dtype")) if causal else None
     if warning:

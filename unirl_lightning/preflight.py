@@ -12,6 +12,7 @@ __all__ = [
     "MIXED_PRECISIONS",
     "chat_template_warning",
     "fused_optimizer_allowed",
+    "multi_node_ray_error",
     "precision_warning",
     "sync_replacement_error",
 ]
@@ -36,6 +37,19 @@ def sync_replacement_error(
         f"over {world_size} ranks (it would gather the shards on one rank alone): use "
         "weight_sync='object_store', which re-sends its last push to a replacement, or "
         f"max_worker_restarts=0 (got {max_worker_restarts})"
+    )
+
+
+def multi_node_ray_error(num_nodes: int, ray_address: str | None) -> str | None:
+    """Several nodes need a Ray cluster that spans them: a Ray the run starts lives on rank 0's node
+    alone, so every node's workers would be checked against, and placed on, that node's spare GPUs."""
+    if num_nodes <= 1 or ray_address:
+        return None
+    return (
+        f"trainer.num_nodes={num_nodes} needs a Ray cluster spanning the nodes, but RAY_ADDRESS is not set (a Ray "
+        "the run starts would live on rank 0's node only): start Ray on every node (ray start --head on one, "
+        "ray start --address HEAD:6379 on the others, each with --num-gpus = the GPUs its training ranks leave) "
+        "and set RAY_ADDRESS on every node (docs/gpus.md, Recipe 2)"
     )
 
 

@@ -45,7 +45,7 @@ from unirl_lightning.checkpoint_io import AtomicCheckpointIO
 from unirl_lightning.checks import require_positive
 from unirl_lightning.cli_types import NonNegativeInt, PositiveInt
 from unirl_lightning.engines import EngineConfig, EngineName
-from unirl_lightning.preflight import sync_replacement_error
+from unirl_lightning.preflight import multi_node_ray_error, sync_replacement_error
 from unirl_lightning.rollout.loop import DeferredBatch
 from unirl_lightning.runtime import (
     Placement,
@@ -158,6 +158,8 @@ class RolloutStrategyMixin:
                 poll_s=min(1.0, self.abort_timeout_s / 20),
                 timeout_s=self.abort_timeout_s,
             ).start()
+        if self.process_group_timeout_s is not None and isinstance(self.weight_sync, CollectiveWeightSync):
+            self.weight_sync.follow_process_group(self.process_group_timeout_s)  # one deadline for both sides
         if self.runtime is None:
             self.preflight(trainer.world_size)  # before Ray and any worker start
             self._connect_ray(trainer.world_size)
@@ -171,6 +173,10 @@ class RolloutStrategyMixin:
             )
         self.barrier("rollout workers started")
 
+    process_group_timeout_s: float | None = None
+    """The training process group's collective timeout (several ranks), which a collective weight
+    sync without a ``timeout_s`` of its own also waits."""
+
     shards_model = False
     """Whether the training ranks shard the model (FSDP): a replaced worker cannot be fed by gathering it."""
 
@@ -179,6 +185,8 @@ class RolloutStrategyMixin:
         rank at the same point (so every rank refuses together), before any worker starts."""
         kind = "collective" if isinstance(self.weight_sync, CollectiveWeightSync) else "other"
         error = sync_replacement_error(kind, self.shards_model, world_size, self.rollout.max_worker_restarts)
+        if error is None:
+            error = multi_node_ray_error(int(getattr(self, "num_nodes", 1) or 1), os.environ.get("RAY_ADDRESS"))
         if error is not None:
             raise ValueError(error)
 
@@ -385,7 +393,8 @@ class AsyncRolloutDDPStrategy(RolloutStrategyMixin, DDPStrategy):
 
     Args:
         process_group_backend: ``"gloo"`` (CPU) or ``"nccl"`` (GPU); None = Lightning's choice.
-        timeout_s: timeout of every collective of the training process group.
+        timeout_s: timeout of every collective of the training process group, and of a collective
+            weight sync's waits (the workers' receive included) unless it sets its own.
         find_unused_parameters: DDP's flag (trainable parameters some backward does not reach).
         **rollout: the rollout settings, :meth:`RolloutStrategyMixin.init_rollout` (``num_workers`` is
             per rank).
@@ -405,6 +414,7 @@ class AsyncRolloutDDPStrategy(RolloutStrategyMixin, DDPStrategy):
             timeout=timedelta(seconds=require_positive("timeout_s", timeout_s)),
             find_unused_parameters=find_unused_parameters,
         )
+        self.process_group_timeout_s = float(timeout_s)
         self.init_rollout(**rollout)
 
 
@@ -420,7 +430,8 @@ class AsyncRolloutFSDPStrategy(RolloutStrategyMixin, ModelParallelStrategy):
 
     Args:
         process_group_backend: ``"gloo"`` (CPU) or ``"nccl"`` (GPU); None = Lightning's choice.
-        timeout_s: timeout of every collective of the training process group.
+        timeout_s: timeout of every collective of the training process group, and of a collective
+            weight sync's waits (the workers' receive included) unless it sets its own.
         save_distributed_checkpoint: True = every rank writes its shard into a checkpoint folder
             (large models); False = one file with the full state, written by rank 0.
         **rollout: the rollout settings, :meth:`RolloutStrategyMixin.init_rollout` (``num_workers`` is
@@ -448,6 +459,7 @@ class AsyncRolloutFSDPStrategy(RolloutStrategyMixin, ModelParallelStrategy):
             process_group_backend=process_group_backend,
             timeout=timedelta(seconds=require_positive("timeout_s", timeout_s)),
         )
+        self.process_group_timeout_s = float(timeout_s)
         self.sharded_checkpoints = save_distributed_checkpoint
         self.init_rollout(**rollout)
 

@@ -85,3 +85,26 @@ def test_collective_receive_buffers_live_on_the_workers_own_device():
     whatever ordinal the trainer's rank uses; gloo broadcasts host tensors."""
     assert receive_device("nccl") == torch.device("cuda", 0)
     assert receive_device("gloo") == torch.device("cpu")
+
+
+def test_the_push_deadline_is_the_process_groups_unless_given():
+    """One setting: a collective sync without its own ``timeout_s`` waits as long as the training
+    process group (the worker's receive and the rank's broadcast alike); 120 s with one rank."""
+    from unirl_lightning.strategy import (
+        AsyncRolloutDDPStrategy,
+        AsyncRolloutFSDPStrategy,
+        AsyncRolloutStrategy,
+    )
+    from unirl_lightning.weight_sync.collective import SINGLE_RANK_TIMEOUT_S, CollectiveWeightSync
+
+    assert CollectiveWeightSync().timeout_s == SINGLE_RANK_TIMEOUT_S == 120.0
+    followed, given = CollectiveWeightSync(), CollectiveWeightSync(timeout_s=50)
+    followed.follow_process_group(900)
+    given.follow_process_group(900)
+    assert (followed.timeout_s, given.timeout_s) == (900.0, 50.0)
+    assert AsyncRolloutDDPStrategy(timeout_s=900, weight_sync="collective").process_group_timeout_s == 900.0
+    assert (
+        AsyncRolloutFSDPStrategy(weight_sync="collective", max_worker_restarts=0).process_group_timeout_s
+        == 1800.0
+    )
+    assert AsyncRolloutStrategy(weight_sync="collective").process_group_timeout_s is None

@@ -199,3 +199,28 @@ def test_a_local_ray_for_gpu_trainers_gets_the_spare_gpus_and_none_on_a_cpu_mach
     assert cluster._spare_gpus([torch.device("cpu")], 0) == [str(i) for i in range(8)]
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 0)
     assert cluster._spare_gpus([torch.device("cpu")], 0) is None  # no GPU: Ray starts as before
+
+
+def test_several_nodes_need_a_ray_cluster_spanning_them():
+    from unirl_lightning.preflight import multi_node_ray_error
+
+    assert multi_node_ray_error(1, None) is None and multi_node_ray_error(2, "10.0.0.1:6379") is None
+    message = multi_node_ray_error(2, None)
+    assert message.startswith(
+        "trainer.num_nodes=2 needs a Ray cluster spanning the nodes, but RAY_ADDRESS is not set"
+    )
+    assert "set RAY_ADDRESS on every node" in message
+
+
+def test_the_strategy_refuses_several_nodes_without_ray_address_before_ray_starts(monkeypatch):
+    import pytest
+
+    from unirl_lightning.strategy import AsyncRolloutDDPStrategy
+
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    strategy = AsyncRolloutDDPStrategy()
+    strategy.num_nodes = 2  # Lightning sets it from Trainer(num_nodes=2)
+    with pytest.raises(ValueError, match=r"trainer.num_nodes=2 needs a Ray cluster spanning the nodes"):
+        strategy.preflight(world_size=4)
+    monkeypatch.setenv("RAY_ADDRESS", "10.0.0.1:6379")
+    strategy.preflight(world_size=4)  # joins that cluster: Ray places the workers on every node

@@ -155,26 +155,46 @@ class CollectiveReceiver:
         return [item for bucket in self.buckets(layout, dtypes) for item in bucket]
 
 
+SINGLE_RANK_TIMEOUT_S = 120.0
+"""A push's deadline with one training rank (nothing else can hold the trainer up)."""
+
+
 class CollectiveWeightSync:
     """Broadcast weights from the trainer to every worker over a dedicated process group.
+
+    Args:
+        bucket_mb: the size of one broadcast (the push's peak device memory beyond the model).
+        timeout_s: the one deadline of every wait of a push, the workers' receive included. None =
+            with several training ranks the training process group's ``timeout_s`` (a worker starts
+            its receive when its rank asks, and the rank's broadcast can wait behind collectives of
+            every rank, so both sides wait as long as the ranks wait for each other); with one rank
+            :data:`SINGLE_RANK_TIMEOUT_S`.
+        backend: ``"nccl"`` (CUDA), ``"gloo"``, or ``"auto"`` (the trainer device's).
 
     Example::
 
         AsyncRolloutStrategy(weight_sync=CollectiveWeightSync(bucket_mb=256, timeout_s=120))
     """
 
-    def __init__(self, bucket_mb: float = 128, timeout_s: float = 120.0, backend: str = "auto") -> None:
+    def __init__(self, bucket_mb: float = 128, timeout_s: float | None = None, backend: str = "auto") -> None:
         if bucket_mb <= 0:
             raise ValueError(f"bucket_mb must be > 0, got {bucket_mb}")
-        if timeout_s <= 0:
+        if timeout_s is not None and timeout_s <= 0:
             raise ValueError(f"timeout_s must be > 0, got {timeout_s}")
         if backend not in ("auto", "gloo", "nccl"):
             raise ValueError(f"backend must be one of ('auto', 'gloo', 'nccl'), got {backend!r}")
         self.bucket_bytes = int(bucket_mb * 1024**2)
-        self.timeout_s = timeout_s
+        self.timeout_given = timeout_s is not None
+        self.timeout_s = float(timeout_s) if timeout_s is not None else SINGLE_RANK_TIMEOUT_S
         self.backend = backend
         self._group = None
         self._workers_key: tuple[Any, ...] | None = None
+
+    def follow_process_group(self, timeout_s: float) -> None:
+        """Wait as long as the training process group does (the strategy calls this at setup with
+        several ranks), unless ``timeout_s`` was given."""
+        if not self.timeout_given:
+            self.timeout_s = float(timeout_s)
 
     def _connect(self, workers: PushTargets, device: torch.device) -> None:
         import ray
