@@ -91,7 +91,9 @@ class RewardModelReward(Reward):
         require_choice("device", device, Device)
         require_choice("dtype", dtype, DType)
         require_choice("truncation_side", truncation_side, Side)
-        self.model_path = os.path.abspath(model_path) if os.path.exists(model_path) or build_tiny else model_path
+        self.model_path = (
+            os.path.abspath(model_path) if os.path.exists(model_path) or build_tiny else model_path
+        )
         self.name = name
         self.score_index = int(score_index)
         self.scale = float(scale)
@@ -142,7 +144,9 @@ class RewardModelReward(Reward):
         model, info = AutoModelForSequenceClassification.from_pretrained(
             self.model_path, dtype=getattr(torch, self.dtype), output_loading_info=True
         )
-        missing = [key for key in info.get("missing_keys", ()) if key.split(".")[0] in ("score", "classifier")]
+        missing = [
+            key for key in info.get("missing_keys", ()) if key.split(".")[0] in ("score", "classifier")
+        ]
         if missing:
             raise ValueError(
                 f"RewardModelReward model_path={self.model_path!r} has no trained classification head (the "
@@ -236,7 +240,7 @@ def build_tiny_reward_model(
     import torch
     from transformers import LlamaConfig, LlamaForSequenceClassification
 
-    from unirl_lightning.models import build_char_tokenizer
+    from unirl_lightning.prompts import build_char_tokenizer
 
     tokenizer = build_char_tokenizer()
     if chat_template is not None:

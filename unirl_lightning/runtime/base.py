@@ -390,6 +390,14 @@ class RolloutRuntime:
         if rank == 0:
             rank_zero_info("Rollout placement:\n" + placement_report(trainers, workers, folder, scorers))
         overlaps = find_overlaps(trainers, workers, scorers)
+        scoring_overlaps = find_overlaps(trainers, [], scorers)
+        if scoring_overlaps:  # whatever the placement: a reward model never shares a training GPU
+            raise RuntimeError(
+                "reward workers were given GPUs the training ranks use: "
+                + "; ".join(scoring_overlaps)
+                + ". Start Ray on the spare GPUs only (docs/gpus.md), or pin them elsewhere with "
+                "reward_workers.resources_per_worker"
+            )
         if overlaps and self.settings.placement == "separate":
             raise RuntimeError(
                 "rollout or reward workers were given GPUs the training ranks use (placement='separate'): "

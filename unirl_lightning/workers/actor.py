@@ -53,7 +53,9 @@ def score_groups(reward: Any, groups: list[list[Any]], records: list[dict[str, A
     )
     for index, rollout in enumerate(rollouts):
         rollout.reward = float(totals[index])
-        rollout.reward_parts = {name: values[index] for name, values in parts.items() if values[index] is not None}
+        rollout.reward_parts = {
+            name: values[index] for name, values in parts.items() if values[index] is not None
+        }
 
 
 class RolloutWorker:

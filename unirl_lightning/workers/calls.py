@@ -104,7 +104,9 @@ class GenerationCall:
         part.score_actor = self._group.reward_pool.workers[index]
 
     def _rescore(self, part: CallPart, why: str) -> None:
-        self._group.reward_pool.replace(part.scorer, part.score_actor, f"{why} (gen_id {part.request.gen_id})")
+        self._group.reward_pool.replace(
+            part.scorer, part.score_actor, f"{why} (gen_id {part.request.gen_id})"
+        )
         self._score(part, part.scorer)
 
     def _overdue(self, part: CallPart, now: float) -> float | None:
@@ -233,4 +235,7 @@ def _merge_generate(parts: list[dict[str, Any]], calls: list[CallPart] | None = 
         "generate_s": max(p["generate_s"] for p in parts),
         "score_s": max(p["score_s"] for p in parts),
         "spans": [_part_span(r, c) for r, c in zip(parts, calls or [])],
+        "score_spans": [
+            p["score_span"] for p in parts if "score_span" in p
+        ],  # reward workers' (clocks of theirs)
     }

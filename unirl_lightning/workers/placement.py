@@ -260,7 +260,9 @@ def trainer_placement_info(rank: int, device: Any, visible_ids: Sequence[str], n
     }
 
 
-def find_overlaps(trainers: list[dict], workers: list[dict], reward_workers: Sequence[dict] = ()) -> list[str]:
+def find_overlaps(
+    trainers: list[dict], workers: list[dict], reward_workers: Sequence[dict] = ()
+) -> list[str]:
     """Every GPU a rollout or reward worker shares with a training rank on the same machine (pure)."""
     held = {(t["node_ip"], g): t["rank"] for t in trainers for g in t.get("gpu_ids", [])}
     rows = [("rollout worker", w["worker"], w) for w in workers]
