@@ -109,13 +109,17 @@ class GenerationCall:
         )
         self._score(part, part.scorer)
 
+    def _stage_deadline(self, part: CallPart) -> tuple[float, float]:
+        """When the part's current stage (generation, or scoring on a reward worker) began, and how
+        long it may take."""
+        if part.score_ref is not None:
+            return part.score_started, self._group.reward_pool.deadline_s(part.samples)
+        return part.started, self._group.deadline_s(part.request)
+
     def _overdue(self, part: CallPart, now: float) -> float | None:
         """The deadline the part's current stage missed, None while it is within it."""
-        if part.score_ref is not None:
-            deadline = self._group.reward_pool.deadline_s(part.samples)
-            return deadline if now - part.score_started > deadline else None
-        deadline = self._group.deadline_s(part.request)
-        return deadline if now - part.started > deadline else None
+        started, deadline = self._stage_deadline(part)
+        return deadline if now - started > deadline else None
 
     def _check(self, block_s: float) -> bool:
         """Collect finished parts, replace dead or overdue workers; True once every part is done."""
@@ -181,13 +185,8 @@ class GenerationCall:
     def _block_s(self, at_most: float) -> float:
         """How long to block before looking again: until the nearest deadline, at most ``at_most``."""
         now = time.monotonic()
-        left = [self._left_s(p, now) for p in self._parts if not p.done]
+        left = [sum(self._stage_deadline(p)) - now for p in self._parts if not p.done]
         return max(0.05, min([at_most, *left]))
-
-    def _left_s(self, part: CallPart, now: float) -> float:
-        if part.score_ref is not None:
-            return part.score_started + self._group.reward_pool.deadline_s(part.samples) - now
-        return part.started + self._group.deadline_s(part.request) - now
 
     def wait(self) -> None:
         """Block until every part is done (replacing workers as needed); logs while it lasts."""
