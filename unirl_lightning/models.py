@@ -24,26 +24,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, get_args
 
+from unirl_lightning.prompts import CHAR_VOCAB, build_char_tokenizer  # re-exported: their old home
+
 log = logging.getLogger(__name__)
 
 Dtype = Literal["float32", "bfloat16", "float16"]
 DTYPES: tuple[str, ...] = get_args(Dtype)
-
-CHAR_VOCAB = ("<pad>", "<bos>", "<eos>", *"0123456789", "+", "-", "*", "=", " ", "?", ".", ",")
-
-
-def build_char_tokenizer(chars: tuple[str, ...] = CHAR_VOCAB):
-    """A character-level ``PreTrainedTokenizerFast``: one token per character, decode without spaces."""
-    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
-
-    vocab = {tok: i for i, tok in enumerate(chars)}
-    core = Tokenizer(models.WordLevel(vocab=vocab, unk_token="?" if "?" in vocab else None))
-    core.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
-    core.decoder = decoders.Fuse()
-    return PreTrainedTokenizerFast(
-        tokenizer_object=core, pad_token="<pad>", bos_token="<bos>", eos_token="<eos>", padding_side="left"
-    )
 
 
 class PromptFormat:

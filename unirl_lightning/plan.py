@@ -241,12 +241,19 @@ def _plan_placement(
     gpus_per_worker = float(rollout.get("num_gpus_per_worker", 0))
     colocate = rollout.get("placement", "separate") == "colocate"
     worker_gpus = 0.0 if colocate else workers * gpus_per_worker
+    scoring = rollout.get("reward_workers") if isinstance(rollout.get("reward_workers"), dict) else {}
+    reward_workers = world * int(scoring.get("num_workers", 1)) if scoring else 0
+    reward_gpus = reward_workers * float(
+        scoring.get("num_gpus_per_worker", 0)
+    )  # their own GPUs, even colocated
     figures["placement"] = {
         "training_gpus": world,
         "workers": workers,
         "worker_gpus": worker_gpus,
         "cluster_gpus": cluster.nodes * cluster.gpus,
     }
+    if scoring:
+        figures["placement"].update(reward_workers=reward_workers, reward_worker_gpus=reward_gpus)
     if per_node > cluster.gpus:
         findings.append(
             Finding(
@@ -255,13 +262,21 @@ def _plan_placement(
                 f"{per_node} training ranks per node do not fit a node of {cluster.gpus} GPUs",
             )
         )
-    if world + worker_gpus > cluster.nodes * cluster.gpus:
+    total = world + worker_gpus + reward_gpus
+    if total > cluster.nodes * cluster.gpus:
+        scorers = (
+            f" + {reward_workers} reward workers x {reward_gpus / reward_workers:g} GPUs"
+            if reward_gpus
+            else ""
+        )
         findings.append(
             Finding(
                 "error",
-                "trainer.strategy.init_args.num_workers",
-                f"{world} training GPUs + {workers} workers x {gpus_per_worker:g} GPUs = "
-                f"{world + worker_gpus:g} GPUs, more than the cluster's {cluster.nodes * cluster.gpus}",
+                "trainer.strategy.init_args.reward_workers"
+                if reward_gpus
+                else "trainer.strategy.init_args.num_workers",
+                f"{world} training GPUs + {workers} workers x {gpus_per_worker:g} GPUs{scorers} = "
+                f"{total:g} GPUs, more than the cluster's {cluster.nodes * cluster.gpus}",
             )
         )
     engine = rollout.get("engine")

@@ -20,7 +20,6 @@ every special token, so none is added twice (no double BOS).
 
 Example::
 
-    >>> from unirl_lightning.models import build_char_tokenizer
     >>> render_prompt(build_char_tokenizer(), {"prompt": "3="})
     [6, 16]
 """
@@ -30,7 +29,25 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-__all__ = ["render_prompt", "render_prompt_text", "stop_token_ids"]
+__all__ = ["CHAR_VOCAB", "build_char_tokenizer", "render_prompt", "render_prompt_text", "stop_token_ids"]
+
+CHAR_VOCAB = ("<pad>", "<bos>", "<eos>", *"0123456789", "+", "-", "*", "=", " ", "?", ".", ",")
+"""The character vocabulary of the tiny models built locally (the tiny policy, the tiny reward model)."""
+
+
+def build_char_tokenizer(chars: tuple[str, ...] = CHAR_VOCAB):
+    """A character-level ``PreTrainedTokenizerFast``: one token per character, decode without spaces."""
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {tok: i for i, tok in enumerate(chars)}
+    core = Tokenizer(models.WordLevel(vocab=vocab, unk_token="?" if "?" in vocab else None))
+    core.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
+    core.decoder = decoders.Fuse()
+    return PreTrainedTokenizerFast(
+        tokenizer_object=core, pad_token="<pad>", bos_token="<bos>", eos_token="<eos>", padding_side="left"
+    )
+
 
 _STOP_PROBE = "unirl-end-of-turn-probe"
 

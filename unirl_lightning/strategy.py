@@ -49,6 +49,7 @@ from unirl_lightning.preflight import multi_node_ray_error, sync_replacement_err
 from unirl_lightning.rollout.loop import DeferredBatch
 from unirl_lightning.runtime import (
     Placement,
+    RewardWorkers,
     RolloutRuntime,
     RolloutSettings,
     rank_share,
@@ -94,6 +95,12 @@ class RolloutStrategyMixin:
             or a training step) ends every other rank within this many seconds, with that rank's error
             (:mod:`unirl_lightning.abort`), instead of leaving them in a collective until the process
             group's ``timeout_s``; a rank that stops answering this long (killed) counts as failed.
+        reward_workers: run the module's reward on Ray actors of its own instead of in the rollout
+            workers (a learned reward model on its own GPUs): ``{num_workers, num_cpus_per_worker,
+            num_gpus_per_worker, resources_per_worker, timeout_s}`` per training rank
+            (:class:`~unirl_lightning.runtime.RewardWorkers`), placed like the rollout workers, never on a
+            training GPU, in ``placement.json``; a rollout worker hands each result to them and
+            generates its next request meanwhile. None = the rollout workers score.
     """
 
     def init_rollout(
@@ -114,6 +121,7 @@ class RolloutStrategyMixin:
         worker_layout: Literal["actor", "per_gpu"] = "actor",
         offload_optimizer: bool = False,
         abort_timeout_s: float = 60.0,
+        reward_workers: RewardWorkers | None = None,
     ) -> None:
         self.abort_timeout_s = float(require_positive("abort_timeout_s", abort_timeout_s))
         self.cross_rank_abort: CrossRankAbort | None = None
@@ -132,6 +140,7 @@ class RolloutStrategyMixin:
             worker_resources=worker_resources,
             worker_layout=worker_layout,
             offload_optimizer=offload_optimizer,
+            reward_workers=reward_workers,
         )
         self.weight_sync: WeightSync = resolve_weight_sync(weight_sync)
         self.sync_interval: int | None = None  # handed over by WeightSyncCallback.setup
@@ -199,6 +208,10 @@ class RolloutStrategyMixin:
         held = getattr(self, "parallel_devices", None) or [self.root_device]
         devices = [] if r.placement == "colocate" else held  # colocate: engines share the trainer's GPU
         cpus, gpus = math.ceil(workers * r.num_cpus_per_worker), workers * r.num_gpus_per_worker
+        if r.reward_workers is not None:  # the reward workers' share of the spare GPUs and the CPUs
+            scorers = world_size * r.reward_workers.num_workers
+            cpus += math.ceil(scorers * r.reward_workers.num_cpus_per_worker)
+            gpus += scorers * r.reward_workers.num_gpus_per_worker
         connect_ranks(self.global_rank, cpus, self.broadcast, devices, gpus)
 
     # -- read by callbacks ------------------------------------------------------------------------

@@ -198,6 +198,43 @@ def worker_group(folder: str, num_workers: int = 2, **resources: Any) -> dict[st
     return {"groups": groups, "before": before, "after": after, "states": states, "restarts": group.restarts}
 
 
+def reward_workers_beside_rollout_workers(folder: str) -> dict[str, Any]:
+    """Two one-GPU rollout workers and two one-GPU reward workers on the training node (4 spare GPUs),
+    the placement report written as a run writes it (``placement.json`` with ``reward_workers``)."""
+    from unirl_lightning.rewards import ExactMatchReward
+    from unirl_lightning.runtime import RewardWorkers
+    from unirl_lightning.workers.reward import RewardWorkerPool
+
+    head = {"node:__internal_head__": 0.01}
+    settings = RewardWorkers(
+        num_workers=2, num_cpus_per_worker=0.25, num_gpus_per_worker=1, resources_per_worker=head
+    )
+    pool = RewardWorkerPool(ExactMatchReward(), settings, start_timeout_s=60)
+    group = RolloutWorkerGroup(
+        FakeEngineConfig(), None, num_workers=2, num_cpus_per_worker=0.25, num_gpus_per_worker=1,
+        resources_per_worker=head, start_timeout_s=60, reward_pool=pool,
+    )  # fmt: skip
+    try:
+        workers = group.call("placement_info", timeout_s=60)
+        scorers = pool.call("placement_info", timeout_s=60)
+        visible = visible_gpu_ids(TRAINER_VISIBLE)
+        trainers = [
+            trainer_placement_info(r, f"cuda:{r}", visible, node_ip=workers[0]["node_ip"]) for r in range(4)
+        ]
+        report = os.path.join(folder, "reward")
+        table = placement_report(trainers, workers, report, scorers)
+        with open(os.path.join(report, "placement.json")) as f:
+            saved = json.load(f)
+        clash = [{**scorers[0], "gpu_ids": ["7"]}]  # as if Ray had handed out a trainer's GPU
+        from unirl_lightning.workers.placement import find_overlaps
+
+        return {"saved": saved, "table": table, "clash": find_overlaps(trainers, [], clash)}
+    finally:
+        group.shutdown()
+        pool.shutdown()
+        wait_idle()
+
+
 def worker_group_on_spare_gpus(folder: str) -> dict[str, Any]:
     """Two one-GPU workers pinned to the training node (its Ray has only the spare GPUs)."""
     return worker_group(folder, **{"node:__internal_head__": 0.01})
@@ -210,6 +247,7 @@ SCENARIOS = [
     unsatisfiable_fails_in_time,
     precheck_against_free,
     worker_group_on_spare_gpus,
+    reward_workers_beside_rollout_workers,
 ]
 
 

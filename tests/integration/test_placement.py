@@ -235,6 +235,23 @@ def test_a_worker_group_gets_spare_gpus_and_a_replacement_keeps_its_group(placem
     _assert_a_worker_group_on_spare_gpus(_scenario(placement_results, "worker_group_on_spare_gpus"))
 
 
+def test_reward_workers_get_spare_gpus_no_trainer_and_no_rollout_worker_holds(placement_results):
+    result = _scenario(placement_results, "reward_workers_beside_rollout_workers")
+    saved = result["saved"]
+    rollout = [g for w in saved["workers"] for g in w["gpu_ids"]]
+    reward = [g for w in saved["reward_workers"] for g in w["gpu_ids"]]
+    assert len(rollout) == len(reward) == 2 and len(set(rollout + reward)) == 4  # four distinct GPUs
+    assert set(rollout + reward) == set(SPARE) and not set(reward) & TRAINER_GPU_IDS
+    assert [w["reward_worker"] for w in saved["reward_workers"]] == [0, 1]
+    assert len({w["placement_group"] for w in saved["reward_workers"] + saved["workers"]}) == 4
+    assert all(w["cuda_visible_devices"] == w["gpu_ids"][0] for w in saved["reward_workers"])
+    assert saved["overlaps"] == [] and "no GPU is shared" in result["table"]
+    assert [line.split()[0] for line in result["table"].splitlines()[1:]].count("reward") == 2
+    assert result["clash"] == [
+        f"reward worker 0 shares GPU 7 on {saved['reward_workers'][0]['node_ip']} with training rank 0"
+    ]
+
+
 def test_a_local_ray_started_for_gpu_trainers_has_only_their_spare_gpus():
     """The run's own path (``ensure_ray`` with the training devices): the local Ray sees only the GPUs
     ``cuda:0..3`` of ``CUDA_VISIBLE_DEVICES=7,...,0`` leave, and too large an ask fails before it starts."""

@@ -137,3 +137,68 @@ def test_a_placement_that_fails_its_check_fails_before_the_first_push(monkeypatc
     assert pushes == []
     rt.start(policy=None, before_push=lambda: None)
     assert len(pushes) == 1
+
+
+def test_reward_workers_start_beside_the_rollout_workers_which_then_score_nothing(monkeypatch):
+    import unirl_lightning.workers.reward as reward_module
+    from unirl_lightning.runtime import RewardWorkers
+
+    asked, pools = {}, []
+
+    class RecordingGroup:
+        def __init__(self, *args, **kwargs):
+            asked.update(kwargs)
+
+    class RecordingPool:
+        def __init__(self, reward, settings, max_restarts):
+            pools.append((reward, settings, max_restarts))
+
+    monkeypatch.setattr(workers_package, "RolloutWorkerGroup", RecordingGroup)
+    monkeypatch.setattr(reward_module, "RewardWorkerPool", RecordingPool)
+    rt = runtime(reward_workers={"num_workers": 2, "num_gpus_per_worker": 0.5}, max_worker_restarts=2)
+    rt.spec.reward = "the module's reward"
+    rt._make_controller = lambda state: SimpleNamespace(weight_version=0)
+    rt.start(policy=None)
+    assert pools == [("the module's reward", RewardWorkers(num_workers=2, num_gpus_per_worker=0.5), 2)]
+    assert asked["reward"] is None and asked["reward_pool"] is rt.reward_pool
+    rt.start(policy=None)  # a second start (the next fit) keeps its pool
+    assert len(pools) == 1
+
+
+def test_the_reward_worker_settings_are_checked_naming_the_key():
+    from unirl_lightning.runtime import RewardWorkers
+
+    with pytest.raises(ValueError, match=r"reward_workers.num_workers must be >= 1, got 0"):
+        settings(reward_workers={"num_workers": 0})
+    with pytest.raises(ValueError, match=r"reward_workers.num_gpus_per_worker must be >= 0, got -1"):
+        RewardWorkers(num_gpus_per_worker=-1)
+    with pytest.raises(ValueError, match=r"reward_workers.resources_per_worker\['rm'\] must be > 0"):
+        RewardWorkers(resources_per_worker={"rm": 0})
+
+
+def test_a_reward_worker_on_a_training_gpu_fails_setup_whatever_the_placement(monkeypatch):
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "5,3")
+    ip = ray.util.get_node_ip_address()
+    row = {"node_ip": ip, "node_id": "n" * 56, "pid": 1, "cuda_visible_devices": "3"}
+    for placement in ("separate", "colocate"):
+        rt = runtime(placement=placement, max_staleness=0, max_inflight=1)
+        rt.workers = SimpleNamespace(call=lambda method, timeout_s: [dict(row, worker=0, gpu_ids=["5"])])
+        rt.reward_pool = SimpleNamespace(
+            call=lambda method, timeout_s: [dict(row, reward_worker=0, gpu_ids=["3"])]
+        )
+        with pytest.raises(RuntimeError, match="reward worker 0 shares GPU 3 on .* with training rank 0"):
+            rt.report_placement(_fake_trainer("cuda:1"))
+    rt.reward_pool = SimpleNamespace(
+        call=lambda method, timeout_s: [dict(row, reward_worker=0, gpu_ids=["7"])]
+    )
+    report = rt.report_placement(_fake_trainer("cuda:1"))
+    assert [w["gpu_ids"] for w in report["reward_workers"]] == [["7"]]
+
+
+def test_an_agentic_module_refuses_reward_workers_naming_the_key():
+    from unirl_lightning.runtime.agentic import AgenticRuntime
+
+    spec = SimpleNamespace(family="token", policy=TinyCausalLM(), lora=None, reward=None, agentic=object())
+    rt = AgenticRuntime(spec, settings(reward_workers={"num_workers": 1}), weight_sync=None)
+    with pytest.raises(ValueError, match="reward_workers .* set reward_workers to null"):
+        rt.check()

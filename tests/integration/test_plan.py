@@ -158,3 +158,24 @@ def test_the_strategy_checks_the_rule_on_every_rank_before_any_worker_starts():
     assert strategy.runtime is None
     AsyncRolloutFSDPStrategy(weight_sync="collective", max_worker_restarts=0).preflight(world_size=4)
     AsyncRolloutDDPStrategy(weight_sync="collective", max_worker_restarts=3).preflight(world_size=4)
+
+
+def test_plan_counts_the_reward_workers_gpus_and_names_reward_workers_when_they_do_not_fit(capsys):
+    recipe = str(REPO / "examples" / "grpo_tiny_reward_model.yaml")
+    args = ["--config", recipe, "--trainer.devices=1", "--trainer.strategy.init_args.num_gpus_per_worker=1"]
+    args += ["--trainer.strategy.init_args.reward_workers.num_gpus_per_worker=1"]
+    result = run_plan([*args, "--cluster", "1x3x80"])
+    assert result["ok"], result["findings"]
+    assert result["figures"]["placement"] == {
+        "training_gpus": 1,
+        "workers": 1,
+        "worker_gpus": 1.0,
+        "reward_workers": 1,
+        "reward_worker_gpus": 1.0,
+        "cluster_gpus": 3,
+    }
+    with pytest.raises(SystemExit):
+        run_plan([*args, "--cluster", "1x2x80"])
+    out = capsys.readouterr().out
+    assert "error   trainer.strategy.init_args.reward_workers" in out
+    assert "+ 1 reward workers x 1 GPUs = 3 GPUs, more than the cluster's 2" in out

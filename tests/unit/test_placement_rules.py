@@ -186,6 +186,31 @@ def test_the_report_lists_every_rank_and_worker_and_flags_shared_gpus(tmp_path):
     assert cpu["gpu_ids"] == [] and find_overlaps([cpu], clash) == []
 
 
+def test_the_report_records_reward_workers_and_flags_one_on_a_training_gpu(tmp_path):
+    visible = visible_gpu_ids(None, 8)
+    trainers = [trainer_placement_info(r, f"cuda:{r}", visible, node_ip="10.0.0.1") for r in range(2)]
+    workers = [_worker(0, "10.0.0.1", ["2"])]
+    scorer = {**_worker(0, "10.0.0.1", ["3"]), "reward_worker": 0}
+    del scorer["worker"]
+    table = placement_report(trainers, workers, str(tmp_path), [scorer])
+    saved = json.loads((tmp_path / "placement.json").read_text())
+    assert saved["reward_workers"] == [scorer] and saved["overlaps"] == []
+    assert [line.split()[0] for line in table.splitlines()] == [
+        "role",
+        "trainer",
+        "trainer",
+        "worker",
+        "reward",
+        "no",
+    ]
+    placement_report(trainers, workers, str(tmp_path / "plain"))
+    assert "reward_workers" not in json.loads((tmp_path / "plain" / "placement.json").read_text())
+    clash = {**scorer, "gpu_ids": ["1"]}
+    assert find_overlaps(trainers, workers, [clash]) == [
+        "reward worker 0 shares GPU 1 on 10.0.0.1 with training rank 1"
+    ]
+
+
 def test_a_local_ray_for_gpu_trainers_gets_the_spare_gpus_and_none_on_a_cpu_machine(monkeypatch):
     from unirl_lightning.workers import cluster
 

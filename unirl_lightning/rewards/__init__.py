@@ -9,6 +9,7 @@ from unirl_lightning.imports import import_callable
 from unirl_lightning.rewards.base import ExactMatchReward, FormatReward, Reward, RewardError
 from unirl_lightning.rewards.callable import CallableReward, is_batched_function, resolve_reward
 from unirl_lightning.rewards.math import MathVerifyReward
+from unirl_lightning.rewards.reward_model import RewardModelReward, build_tiny_reward_model
 from unirl_lightning.rewards.scoring import CombinedReward, part_name, reward_name, score_batch, score_parts
 
 __all__ = [
@@ -19,6 +20,8 @@ __all__ = [
     "MathVerifyReward",
     "Reward",
     "RewardError",
+    "RewardModelReward",
+    "build_tiny_reward_model",
     "import_callable",
     "is_batched_function",
     "part_name",

@@ -10,6 +10,7 @@ from typing import Any
 
 from unirl_lightning.runtime.base import (
     Placement,
+    RewardWorkers,
     RolloutRuntime,
     RolloutSettings,
     check_rollout_settings,
@@ -19,6 +20,7 @@ from unirl_lightning.runtime.base import (
 
 __all__ = [
     "Placement",
+    "RewardWorkers",
     "RolloutRuntime",
     "RolloutSettings",
     "check_rollout_settings",

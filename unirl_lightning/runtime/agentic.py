@@ -32,6 +32,13 @@ class AgenticRuntime(RolloutRuntime):
     def actor_class(self) -> type:
         return AgenticRolloutWorker
 
+    def check(self) -> None:
+        if self.settings.reward_workers is not None:
+            raise ValueError(
+                "reward_workers runs a batch module's reward on actors of its own; an agentic module's "
+                "episodes are scored inside the workers' environments: set reward_workers to null"
+            )
+
     def _make_controller(self, state: dict[str, Any]) -> AgenticRolloutController:
         agentic = self.spec.agentic
         self.episodes = WorkerEpisodeCoordinator(

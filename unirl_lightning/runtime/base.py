@@ -38,6 +38,7 @@ __all__ = [
     "Placement",
     "RolloutRuntime",
     "RolloutSettings",
+    "RewardWorkers",
     "WorkerLayout",
     "check_rollout_settings",
     "cpu_threads",
@@ -65,6 +66,35 @@ def check_rollout_settings(placement: str, max_staleness: int, max_inflight: int
 
 
 @dataclass(frozen=True)
+class RewardWorkers:
+    """The strategy's ``reward_workers`` setting: a pool of Ray actors that score for this rank.
+
+    Args:
+        num_workers: reward actors per training rank (each rollout result goes to one, round robin).
+        num_cpus_per_worker: Ray CPUs of each reward actor.
+        num_gpus_per_worker: Ray GPUs of each (a share such as 0.5 lets two actors share a GPU; never
+            a training GPU: a local Ray holds only the GPUs the training ranks leave).
+        resources_per_worker: more Ray resources per actor (``{"reward_node": 1}``, ``{"node:<ip>": 0.01}``).
+        timeout_s: how long one reward actor may take for a result of up to 1024 samples (a larger one
+            gets proportionally longer); then it is replaced and the scoring relaunched.
+    """
+
+    num_workers: int = 1
+    num_cpus_per_worker: float = 1
+    num_gpus_per_worker: float = 0
+    resources_per_worker: dict[str, float] | None = None
+    timeout_s: float = 600.0
+
+    def __post_init__(self) -> None:
+        require_at_least("reward_workers.num_workers", self.num_workers, 1)
+        require_at_least("reward_workers.num_cpus_per_worker", self.num_cpus_per_worker, 0)
+        require_at_least("reward_workers.num_gpus_per_worker", self.num_gpus_per_worker, 0)
+        require_positive("reward_workers.timeout_s", self.timeout_s)
+        for key, amount in (self.resources_per_worker or {}).items():
+            require_positive(f"reward_workers.resources_per_worker[{key!r}]", amount)
+
+
+@dataclass(frozen=True)
 class RolloutSettings:
     """The strategy's rollout settings (its ``init_rollout`` arguments, documented there), checked
     once here; ``rank`` and ``worker_threads`` are filled in at setup."""
@@ -85,10 +115,13 @@ class RolloutSettings:
     worker_resources: dict[str, float] | None = None
     worker_layout: str = "actor"
     offload_optimizer: bool = False
+    reward_workers: RewardWorkers | None = None  # None: the rollout workers score
 
     def __post_init__(self) -> None:
         if self.seed is None:
             object.__setattr__(self, "seed", global_seed())
+        if isinstance(self.reward_workers, dict):  # a Python caller's plain dict
+            object.__setattr__(self, "reward_workers", RewardWorkers(**self.reward_workers))
         check_rollout_settings(self.placement, self.max_staleness, self.max_inflight)
         if self.offload_optimizer and self.placement != "colocate":
             raise ValueError(
@@ -258,6 +291,7 @@ class RolloutRuntime:
         self.settings = settings
         self.weight_sync = weight_sync
         self.workers: Any = None
+        self.reward_pool: Any = None  # a RewardWorkerPool when settings.reward_workers is set
         self.controller: Any = None
         self.loop: Any = None
         self._policy: Any = None  # the trainer's policy module, pushed at start, sync and replacement
@@ -302,11 +336,18 @@ class RolloutRuntime:
 
         self.check()
         spec, settings = self.spec, self.settings
+        if settings.reward_workers is not None and self.reward_pool is None:  # the reward on its own actors
+            from unirl_lightning.workers.reward import RewardWorkerPool
+
+            self.reward_pool = RewardWorkerPool(
+                spec.reward, settings.reward_workers, max_restarts=settings.max_worker_restarts
+            )
         self.workers = RolloutWorkerGroup(
             self.engine_config(),
             spec.policy,
             spec.lora,
-            reward=spec.reward,
+            reward=None if self.reward_pool is not None else spec.reward,
+            reward_pool=self.reward_pool,
             num_workers=settings.num_workers,
             num_cpus_per_worker=settings.num_cpus_per_worker,
             num_gpus_per_worker=settings.num_gpus_per_worker,
@@ -338,19 +379,32 @@ class RolloutRuntime:
         mine = {
             "trainer": trainer_row(rank, trainer.strategy.root_device),
             "workers": [{"rank": rank, **w} for w in self.workers.call("placement_info", timeout_s=60)],
+            "reward_workers": [
+                {"rank": rank, **w}
+                for w in (self.reward_pool.call("placement_info", timeout_s=60) if self.reward_pool else [])
+            ],
         }
         every = gather_objects(mine, world_size)
         trainers, workers = [e["trainer"] for e in every], [w for e in every for w in e["workers"]]
+        scorers = [w for e in every for w in e["reward_workers"]]
         if rank == 0:
-            rank_zero_info("Rollout placement:\n" + placement_report(trainers, workers, folder))
-        overlaps = find_overlaps(trainers, workers)
+            rank_zero_info("Rollout placement:\n" + placement_report(trainers, workers, folder, scorers))
+        overlaps = find_overlaps(trainers, workers, scorers)
+        scoring_overlaps = find_overlaps(trainers, [], scorers)
+        if scoring_overlaps:  # whatever the placement: a reward model never shares a training GPU
+            raise RuntimeError(
+                "reward workers were given GPUs the training ranks use: "
+                + "; ".join(scoring_overlaps)
+                + ". Start Ray on the spare GPUs only (docs/gpus.md), or pin them elsewhere with "
+                "reward_workers.resources_per_worker"
+            )
         if overlaps and self.settings.placement == "separate":
             raise RuntimeError(
-                "rollout workers were given GPUs the training ranks use (placement='separate'): "
+                "rollout or reward workers were given GPUs the training ranks use (placement='separate'): "
                 + "; ".join(overlaps)
                 + ". Start Ray on the spare GPUs only (docs/gpus.md), or use placement='colocate'"
             )
-        return {"trainers": trainers, "workers": workers, "overlaps": overlaps}
+        return {"trainers": trainers, "workers": workers, "reward_workers": scorers, "overlaps": overlaps}
 
     def actor_class(self) -> type:
         """The Ray actor class of this family's workers."""
@@ -394,7 +448,10 @@ class RolloutRuntime:
 
     def stats(self) -> dict[str, float]:
         """Per-step figures of the runtime itself (added to every batch's ``stats``)."""
-        return {"rollout/worker_restarts": float(self.workers.restarts)}
+        stats = {"rollout/worker_restarts": float(self.workers.restarts)}
+        if self.reward_pool is not None:
+            stats["rollout/reward_worker_restarts"] = float(self.reward_pool.restarts)
+        return stats
 
     def make_loop(self, dataloader: Any, sync_interval: int) -> Any:  # pragma: no cover - abstract
         """The loop Lightning iterates in place of the prompt ``dataloader`` (a checkpoint's
@@ -489,6 +546,9 @@ class RolloutRuntime:
         """Kill the workers (safe to call twice); the state for a next start is kept."""
         if self.workers is not None:
             self.workers.shutdown()
+        if self.reward_pool is not None:
+            self.reward_pool.shutdown()
         self.workers = None
+        self.reward_pool = None
         self.controller = None
         self.loop = None

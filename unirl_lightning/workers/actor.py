@@ -34,7 +34,28 @@ from typing import Any
 from unirl_lightning.rollout.records import RolloutRequest
 from unirl_lightning.weight_sync.buckets import PackedWeights
 
-__all__ = ["RolloutWorker"]
+__all__ = ["RolloutWorker", "score_groups"]
+
+
+def score_groups(reward: Any, groups: list[list[Any]], records: list[dict[str, Any]]) -> None:
+    """Score every rollout of ``groups`` (``groups[i]`` answers ``records[i]``) with one call of
+    ``reward`` (a batched reward sees every group's samples at once): each rollout gets its total
+    (``reward``) and each reward function's own score (``reward_parts``). Raises the reward's
+    :class:`~unirl_lightning.rewards.RewardError`. Called by the rollout worker, or by a reward worker
+    (:mod:`unirl_lightning.workers.reward`) when the strategy sets ``reward_workers``."""
+    from unirl_lightning.rewards import score_parts
+
+    rows = [(rollout, record) for group, record in zip(groups, records) for rollout in group]
+    rollouts = [rollout for rollout, _ in rows]
+    extras = type(rollouts[0]).reward_columns(rollouts) if rollouts else {}
+    totals, parts = score_parts(
+        reward, [r.reward_input for r in rollouts], [record for _, record in rows], **extras
+    )
+    for index, rollout in enumerate(rollouts):
+        rollout.reward = float(totals[index])
+        rollout.reward_parts = {
+            name: values[index] for name, values in parts.items() if values[index] is not None
+        }
 
 
 class RolloutWorker:
@@ -52,25 +73,12 @@ class RolloutWorker:
         self._bucket_copies: list[Any] | None = None  # its buckets, for an engine that loads whole pushes
 
     def generate(self, request: RolloutRequest) -> dict[str, Any]:
-        from unirl_lightning.rewards import score_parts
-
         started_at = time.time()  # wall clock: the driver maps it onto its own (timeline.clamp_span)
         start = time.perf_counter()
         groups = self.engine.generate(request)
         generate_s = time.perf_counter() - start
-        if self.reward is not None:
-            # one call for the whole request (a batched reward sees every group's samples at once)
-            rows = [(rollout, record) for group, record in zip(groups, request.records) for rollout in group]
-            rollouts = [rollout for rollout, _ in rows]
-            extras = type(rollouts[0]).reward_columns(rollouts) if rollouts else {}
-            totals, parts = score_parts(
-                self.reward, [r.reward_input for r in rollouts], [record for _, record in rows], **extras
-            )
-            for index, rollout in enumerate(rollouts):
-                rollout.reward = float(totals[index])
-                rollout.reward_parts = {
-                    name: values[index] for name, values in parts.items() if values[index] is not None
-                }
+        if self.reward is not None:  # None: a reward worker pool scores (workers/reward.py)
+            score_groups(self.reward, groups, request.records)
         return {
             "groups": groups,
             "generate_s": generate_s,

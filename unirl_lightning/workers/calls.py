@@ -14,6 +14,10 @@ Contract:
   e.g. vLLM's ``EngineDeadError``), or that missed its deadline, is relaunched as it was (same
   records, seed and gen_id, so the same launch-time version stamp) on the replacement the group
   makes (``group.replace``, which counts restarts and fails past ``max_restarts``).
+* Reward workers: when the group has a ``reward_pool`` (the strategy's ``reward_workers``), a part
+  whose generation finished is handed, by reference, to a reward worker, and is done once the scored
+  result is back; a reward worker that dies or misses its deadline (the pool's ``deadline_s``) is
+  replaced and the scoring relaunched on the same generation result (nothing is generated again).
 * Timeline stamps: ``result()["spans"]`` has one entry per part (``worker``, ``start``, ``end``,
   ``samples``, ``completion_tokens``): the worker's own ``generate`` stamps clamped into the interval
   the driver observed, from the part's (last) launch to when its result was seen
@@ -50,6 +54,19 @@ class CallPart:
     done: bool = False
     launched_at: float = 0.0  # wall clock (time.time()) of the last launch, for the timeline
     reaped_at: float = 0.0  # wall clock when its result was seen
+    score_ref: Any = None  # the reward worker's call on the generation result (reward_pool only)
+    scorer: int = -1  # that reward worker's index
+    score_actor: Any = None
+    score_started: float = 0.0
+
+    @property
+    def samples(self) -> int:
+        return len(self.request.records) * self.request.n
+
+    @property
+    def final_ref(self) -> Any:
+        """What the part answers with: the scored result when a reward worker scores, else the generation's."""
+        return self.ref if self.score_ref is None else self.score_ref
 
 
 class GenerationCall:
@@ -78,26 +95,57 @@ class GenerationCall:
         fresh = self._launch(part.index, part.request)
         part.actor, part.ref, part.started = fresh.actor, fresh.ref, fresh.started
         part.launched_at = fresh.launched_at
+        part.score_ref = None
+
+    def _score(self, part: CallPart, index: int | None = None) -> None:
+        """Hand the part's generation result (by reference) to a reward worker (the next one, or ``index``)."""
+        index, ref = self._group.reward_pool.submit(part.ref, part.request.records, index)
+        part.scorer, part.score_ref, part.score_started = index, ref, time.monotonic()
+        part.score_actor = self._group.reward_pool.workers[index]
+
+    def _rescore(self, part: CallPart, why: str) -> None:
+        self._group.reward_pool.replace(
+            part.scorer, part.score_actor, f"{why} (gen_id {part.request.gen_id})"
+        )
+        self._score(part, part.scorer)
+
+    def _stage_deadline(self, part: CallPart) -> tuple[float, float]:
+        """When the part's current stage (generation, or scoring on a reward worker) began, and how
+        long it may take."""
+        if part.score_ref is not None:
+            return part.score_started, self._group.reward_pool.deadline_s(part.samples)
+        return part.started, self._group.deadline_s(part.request)
+
+    def _overdue(self, part: CallPart, now: float) -> float | None:
+        """The deadline the part's current stage missed, None while it is within it."""
+        started, deadline = self._stage_deadline(part)
+        return deadline if now - started > deadline else None
 
     def _check(self, block_s: float) -> bool:
         """Collect finished parts, replace dead or overdue workers; True once every part is done."""
         waiting = [p for p in self._parts if not p.done]
         if waiting:
             finished, _ = ray.wait(
-                [p.ref for p in waiting], num_returns=1, timeout=block_s, fetch_local=False
+                [p.final_ref for p in waiting], num_returns=1, timeout=block_s, fetch_local=False
             )
             finished = set(finished)
             for part in waiting:
-                if part.ref in finished:
+                if part.final_ref in finished:
                     self._settle(part)
             now = time.monotonic()
             for part in self._parts:
-                deadline = self._group.deadline_s(part.request)
-                if not part.done and now - part.started > deadline:
+                deadline = None if part.done else self._overdue(part, now)
+                if deadline is not None and part.score_ref is not None:
+                    self._rescore(part, f"did not score within {deadline:.0f} s")
+                elif deadline is not None:
                     self._relaunch(part, f"did not answer within {deadline:.0f} s")
         return all(p.done for p in self._parts)
 
     def _settle(self, part: CallPart) -> None:
+        if part.score_ref is not None:
+            self._settle_score(part)
+            return
+        failed = False
         try:
             ray.get(part.ref, timeout=0)
         except ray.exceptions.RayActorError as exc:  # the worker process died
@@ -107,9 +155,26 @@ class GenerationCall:
             if is_engine_dead(exc.cause):  # the worker lives but its engine serves no more
                 self._relaunch(part, f"lost its engine ({type(exc.cause).__name__}: {exc.cause})")
                 return
+            failed = True
         except ray.exceptions.GetTimeoutError:  # finished but not yet readable: look again later
             return
         except Exception:  # noqa: BLE001 - a failure inside the worker: result() raises it
+            failed = True
+        if self._group.reward_pool is not None and not failed:
+            self._score(part)  # the rollout worker is free again; the reward worker scores
+            return
+        part.done = True
+        part.reaped_at = time.time()
+
+    def _settle_score(self, part: CallPart) -> None:
+        try:
+            ray.get(part.score_ref, timeout=0)
+        except ray.exceptions.RayActorError as exc:  # the reward worker died
+            self._rescore(part, f"died ({type(exc).__name__})")
+            return
+        except ray.exceptions.GetTimeoutError:
+            return
+        except Exception:  # noqa: BLE001 - the reward raised: result() raises it
             pass
         part.done = True
         part.reaped_at = time.time()
@@ -120,7 +185,7 @@ class GenerationCall:
     def _block_s(self, at_most: float) -> float:
         """How long to block before looking again: until the nearest deadline, at most ``at_most``."""
         now = time.monotonic()
-        left = [p.started + self._group.deadline_s(p.request) - now for p in self._parts if not p.done]
+        left = [sum(self._stage_deadline(p)) - now for p in self._parts if not p.done]
         return max(0.05, min([at_most, *left]))
 
     def wait(self) -> None:
@@ -142,7 +207,7 @@ class GenerationCall:
 
     def result(self) -> dict[str, Any]:
         self.wait()
-        return _merge_generate(ray.get([p.ref for p in self._parts]), self._parts)
+        return _merge_generate(ray.get([p.final_ref for p in self._parts]), self._parts)
 
 
 def _part_span(result: dict[str, Any], part: CallPart) -> dict[str, Any]:
@@ -169,4 +234,7 @@ def _merge_generate(parts: list[dict[str, Any]], calls: list[CallPart] | None = 
         "generate_s": max(p["generate_s"] for p in parts),
         "score_s": max(p["score_s"] for p in parts),
         "spans": [_part_span(r, c) for r, c in zip(parts, calls or [])],
+        "score_spans": [
+            p["score_span"] for p in parts if "score_span" in p
+        ],  # reward workers' (clocks of theirs)
     }

@@ -47,7 +47,9 @@ class RolloutWorkerGroup:
 
     Args:
         engine_config / policy / lora: what each worker serves (``engine_config.build(policy, lora)``).
-        reward: scores each sample in the worker.
+        reward: scores each sample in the worker (None when ``reward_pool`` scores).
+        reward_pool: a :class:`~unirl_lightning.workers.reward.RewardWorkerPool` that scores each
+            finished part of a call on reward workers of its own (None: the workers score).
         num_workers / num_cpus_per_worker / num_gpus_per_worker / resources_per_worker / runtime_env:
             the actors and their Ray resources.
         layout: a GPU worker's placement group: ``"actor"`` (one bundle, the actor holds the GPUs)
@@ -84,6 +86,7 @@ class RolloutWorkerGroup:
         max_restarts: int = 3,
         log_every_s: float = 30.0,
         worker_cls: type = RolloutWorker,
+        reward_pool: Any = None,
     ) -> None:
         if num_workers < 1:
             raise ValueError(f"num_workers must be >= 1, got {num_workers}")
@@ -102,6 +105,7 @@ class RolloutWorkerGroup:
                 check_free(num_workers, [{"CPU": float(num_cpus_per_worker)}])
             self._options = [dict(num_cpus=num_cpus_per_worker, num_gpus=0)] * num_workers
         self._actor_args = (engine_config, policy, lora, reward)
+        self.reward_pool = reward_pool
         self.workers = [self._new_actor(i) for i in range(num_workers)]
         self.num_workers = num_workers
         self.start_timeout_s = start_timeout_s

@@ -260,26 +260,37 @@ def trainer_placement_info(rank: int, device: Any, visible_ids: Sequence[str], n
     }
 
 
-def find_overlaps(trainers: list[dict], workers: list[dict]) -> list[str]:
-    """Every GPU a worker shares with a training rank on the same machine (pure)."""
+def find_overlaps(
+    trainers: list[dict], workers: list[dict], reward_workers: Sequence[dict] = ()
+) -> list[str]:
+    """Every GPU a rollout or reward worker shares with a training rank on the same machine (pure)."""
     held = {(t["node_ip"], g): t["rank"] for t in trainers for g in t.get("gpu_ids", [])}
+    rows = [("rollout worker", w["worker"], w) for w in workers]
+    rows += [("reward worker", w["reward_worker"], w) for w in reward_workers]
     return [
-        f"rollout worker {w['worker']} shares GPU {g} on {w['node_ip']} with training rank {held[w['node_ip'], g]}"
-        for w in workers
+        f"{role} {index} shares GPU {g} on {w['node_ip']} with training rank {held[w['node_ip'], g]}"
+        for role, index, w in rows
         for g in w.get("gpu_ids", [])
         if (w["node_ip"], g) in held
     ]
 
 
-def placement_report(trainers: list[dict], workers: list[dict], folder: str | None = None) -> str:
+def placement_report(
+    trainers: list[dict], workers: list[dict], folder: str | None = None, reward_workers: Sequence[dict] = ()
+) -> str:
     """A table of where the training ranks and the workers run (``workers``: dicts of
     :func:`actor_placement_info` plus ``worker``, the index, and optionally ``rank``, the training
-    rank it serves); writes ``placement.json`` into ``folder`` when given. Overlaps are listed."""
-    overlaps = find_overlaps(trainers, workers)
+    rank it serves; ``reward_workers``: the same with ``reward_worker``, the index); writes
+    ``placement.json`` into ``folder`` when given (``reward_workers`` only when there are some).
+    Overlaps are listed."""
+    overlaps = find_overlaps(trainers, workers, reward_workers)
     if folder is not None:
         os.makedirs(folder, exist_ok=True)
+        record: dict[str, Any] = {"trainers": trainers, "workers": workers}
+        if reward_workers:
+            record["reward_workers"] = list(reward_workers)
         with open(os.path.join(folder, "placement.json"), "w") as f:
-            json.dump({"trainers": trainers, "workers": workers, "overlaps": overlaps}, f, indent=2)
+            json.dump({**record, "overlaps": overlaps}, f, indent=2)
     rows = [("role", "index", "node ip", "node", "GPU ids", "device | CUDA_VISIBLE_DEVICES")]
     rows += [
         ("trainer", f"rank {t['rank']}", t["node_ip"], "", ",".join(t["gpu_ids"]), t["device"])
@@ -289,6 +300,11 @@ def placement_report(trainers: list[dict], workers: list[dict], folder: str | No
         ("worker", f"{w['worker']}" + (f" (rank {w['rank']})" if "rank" in w else ""), w["node_ip"],
          (w.get("node_id") or "")[:8], ",".join(w.get("gpu_ids", [])), str(w.get("cuda_visible_devices")))
         for w in workers
+    ]  # fmt: skip
+    rows += [
+        ("reward", f"{w['reward_worker']}" + (f" (rank {w['rank']})" if "rank" in w else ""), w["node_ip"],
+         (w.get("node_id") or "")[:8], ",".join(w.get("gpu_ids", [])), str(w.get("cuda_visible_devices")))
+        for w in reward_workers
     ]  # fmt: skip
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     lines = ["  ".join(c.ljust(n) for c, n in zip(r, widths)).rstrip() for r in rows]
