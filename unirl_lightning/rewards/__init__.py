@@ -8,11 +8,13 @@ Call them through :func:`score_batch`, which checks the result and wraps failure
 from unirl_lightning.imports import import_callable
 from unirl_lightning.rewards.base import ExactMatchReward, FormatReward, Reward, RewardError
 from unirl_lightning.rewards.callable import CallableReward, is_batched_function, resolve_reward
+from unirl_lightning.rewards.code import CodeExecutionReward
 from unirl_lightning.rewards.math import MathVerifyReward
 from unirl_lightning.rewards.scoring import CombinedReward, part_name, reward_name, score_batch, score_parts
 
 __all__ = [
     "CallableReward",
+    "CodeExecutionReward",
     "CombinedReward",
     "ExactMatchReward",
     "FormatReward",
