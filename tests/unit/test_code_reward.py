@@ -104,7 +104,7 @@ def test_runs_in_one_worker_never_exceed_max_concurrency(monkeypatch):
     monkeypatch.setattr(Sandbox, "run", counting)
     reward = CodeExecutionReward(max_concurrency=2, timeout_s=10)
     slow = "import time\ndef f(x):\n    time.sleep(0.5)\n    return 2 * x\n"
-    assert reward([slow] * 6, [{"tests": DOUBLE[:1]}] * 6) == [1.0] * 6
+    assert reward([slow + f"# {i}\n" for i in range(6)], [{"tests": DOUBLE[:1]}] * 6) == [1.0] * 6
     assert peak[0] == 2
 
 
@@ -138,9 +138,12 @@ def test_bad_records_and_settings_are_named():
         CodeExecutionReward(timeout_s=-1)
 
 
-def test_without_bwrap_the_reward_refuses_at_construction():
-    with pytest.raises(SandboxUnavailableError, match="allow_unsandboxed: true"):
-        CodeExecutionReward(bwrap="/nonexistent/bwrap")
+def test_without_bwrap_the_reward_refuses_at_its_first_batch_naming_the_fix():
+    reward = CodeExecutionReward(bwrap="/nonexistent/bwrap")  # building it runs nothing
+    with pytest.raises(RewardError, match="Refusing to run model-written code without a sandbox") as info:
+        score_parts(reward, ["def f(x):\n    return 2 * x"], [{"tests": DOUBLE}])
+    assert isinstance(info.value.__cause__, SandboxUnavailableError)
+    assert "apt-get install bubblewrap" in str(info.value) and "allow_unsandboxed: true" in str(info.value)
 
 
 def test_the_helpers():
@@ -148,3 +151,31 @@ def test_the_helpers():
     assert extract_code("```\nC") == "C"
     assert same_value([1.0, {"a": [2]}], [1, {"a": [2.0]}]) and not same_value(0, False)
     assert compare_output("1\n2  \n\n", "1\n2") and not compare_output("1\n2", "1 2")
+
+
+def test_the_builtin_code_task_is_solved_by_its_answers_in_the_tiny_vocabulary():
+    from unirl_lightning.data import make_task
+    from unirl_lightning.models import CHAR_VOCAB
+
+    records = make_task("python_functions", num_prompts=6, seed=3)
+    reward = CodeExecutionReward(prefix_key="prompt", timeout_s=10)
+    assert reward([r["answer"] for r in records], records) == [1.0] * 6
+    identity = [sum(t["output"] == t["input"][0] for t in r["tests"]) / len(r["tests"]) for r in records]
+    assert reward([""] * 6, records) == identity  # f(x) = x passes where a * x +- b happens to equal x
+    assert reward(["=?"] * 6, records) == [0.0] * 6  # a syntax error
+    assert all(set(r["answer"]) <= set(CHAR_VOCAB) for r in records)
+
+
+def test_a_program_repeated_in_a_batch_runs_once(monkeypatch):
+    runs = []
+    real_run = Sandbox.run
+    monkeypatch.setattr(
+        Sandbox, "run", lambda self, payload, slot=0: runs.append(1) or real_run(self, payload, slot)
+    )
+    reward = CodeExecutionReward(timeout_s=5)
+    good, bad = "def f(x):\n    return 2 * x", "def f(x):\n    return x"
+    other = [{"input": [5], "output": 10}]
+    scores = reward([good, bad, good, good, bad, good], [{"tests": DOUBLE}] * 5 + [{"tests": other}])
+    assert (
+        scores == [1.0, 0.0, 1.0, 1.0, 0.0, 1.0] and len(runs) == 3
+    )  # (good, DOUBLE), (bad, DOUBLE), (good, other)

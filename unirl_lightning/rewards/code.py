@@ -127,6 +127,13 @@ class TestReport:
     runs: list[SandboxResult] = field(default_factory=list)
 
 
+class _Frozen(dict):
+    """A test dict that hashes by its JSON (so identical runs are found), read like the dict."""
+
+    def __hash__(self) -> int:  # type: ignore[override]
+        return hash(json.dumps(self, sort_keys=True, default=str))
+
+
 def _ending(result: SandboxResult) -> str:
     if result.timed_out:
         return f"killed after its {result.elapsed_s:.1f} s timeout"
@@ -166,8 +173,10 @@ class CodeExecutionReward(Reward):
         name: Name in logs (``rollout/reward/<name>_mean``) and errors.
 
     Raises:
-        SandboxUnavailableError: at construction and at the first run in a worker, when ``bwrap`` is
-            missing or cannot sandbox and ``allow_unsandboxed`` is false.
+        SandboxUnavailableError: at the first run in a worker process (``score_batch`` wraps it in a
+            ``RewardError``, which stops the run), when ``bwrap`` is missing there or cannot sandbox
+            and ``allow_unsandboxed`` is false. Constructing the reward runs nothing (``plan`` and
+            the trainer's process build it too).
 
     Example::
 
@@ -227,14 +236,20 @@ class CodeExecutionReward(Reward):
         self.max_concurrency = max_concurrency
         self.sandbox = Sandbox(limits, python=python, bwrap=bwrap, allow_unsandboxed=allow_unsandboxed)
         self.name = name
-        self.sandbox.check()  # refuse now (not at the first batch) when there is no sandbox
 
     def __call__(self, completions: list[str], records: list[dict]) -> list[float]:
+        # the same program against the same tests runs once (a group often repeats a completion)
         jobs = [self._job(completion, record) for completion, record in zip(completions, records)]
-        if len(jobs) <= 1:
-            return [self._score(job()) for job in jobs]
-        with concurrent.futures.ThreadPoolExecutor(max_workers=min(self.max_concurrency, len(jobs))) as pool:
-            return [self._score(report) for report in pool.map(lambda job: job(), jobs)]
+        unique = list(dict.fromkeys(jobs))
+        if len(unique) <= 1:
+            reports = [self._run_tests(*job) for job in unique]
+        else:
+            with concurrent.futures.ThreadPoolExecutor(
+                max_workers=min(self.max_concurrency, len(unique))
+            ) as pool:
+                reports = list(pool.map(lambda job: self._run_tests(*job), unique))
+        scores = {job: self._score(report) for job, report in zip(unique, reports)}
+        return [scores[job] for job in jobs]
 
     def score(self, completion: str, record: dict) -> float:
         return self._score(self.run_tests(completion, record))
@@ -269,23 +284,23 @@ class CodeExecutionReward(Reward):
             KeyError / ValueError: the record has no tests, or a malformed one (named).
             SandboxUnavailableError: no usable sandbox and ``allow_unsandboxed`` is false.
         """
-        return self._job(completion, record)()
+        return self._run_tests(*self._job(completion, record))
 
-    def _job(self, completion: str, record: dict) -> Any:
-        """Checks the record now (errors name it), returns the sandboxed run to do."""
+    def _job(self, completion: str, record: dict) -> tuple[str, tuple, str]:
+        """Checks the record now (errors name it): the program, its tests (hashable) and entry point."""
         tests = self._tests(record)
         code = extract_code(completion)
         if self.prefix_key is not None:
             code = str(_record_field(record, self.prefix_key, self.name)) + code
         entry_point = str(record.get(self.entry_point_key) or self.default_entry_point)
-        return lambda: self._run_tests(code, tests, entry_point)
+        return code, tuple(_Frozen(test) for test in tests), entry_point
 
     def _score(self, report: TestReport) -> float:
         if self.scoring == "all":
             return 1.0 if report.passed == report.total else 0.0
         return report.passed / report.total
 
-    def _run_tests(self, code: str, tests: list[dict], entry_point: str) -> TestReport:
+    def _run_tests(self, code: str, tests: tuple, entry_point: str) -> TestReport:
         report = TestReport(passed=0, total=len(tests))
         calls = [test for test in tests if "input" in test]
         if calls:
