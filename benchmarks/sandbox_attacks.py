@@ -254,7 +254,7 @@ def run(config: dict[str, Any]) -> dict[str, Any]:
                     "attack": attack.name,
                     "score": report.passed / report.total,
                     "seconds": round(elapsed, 2),
-                    "outcome": report.outcomes[0],
+                    "outcome": report.outcomes[0].replace(str(REPO), "<repo>"),
                     "processes_left": left,
                     "files_left": files,
                     "connections": len(listener.accepted),
