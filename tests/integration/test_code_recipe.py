@@ -1,6 +1,6 @@
 """The code recipe (``examples/grpo_code_tiny.yaml``) from the CLI: the completions are run in the
 rollout worker's sandbox, never in the trainer's process, and the reward is logged under its name
-(``rollout/reward/code_execution_mean``, ``eval/reward/...``) and in the completions table."""
+(``rollout/reward/code_execution_mean``, ``eval/reward/...``) and in the evaluation's completions table."""
 
 from __future__ import annotations
 
@@ -52,5 +52,6 @@ def test_the_code_recipe_runs_its_sandbox_in_the_worker_and_logs_the_reward(tmp_
     (events,) = run.glob("events.out.tfevents.*")
     accumulator = EventAccumulator(str(events), size_guidance={"tensors": 0})
     accumulator.Reload()
-    table = accumulator.Tensors("rollout/completions/text_summary")[-1].tensor_proto.string_val[0].decode()
+    table = accumulator.Tensors("eval/completions/text_summary")[-1].tensor_proto.string_val[0].decode()
     assert table.splitlines()[0].endswith("| reward parts |") and "code_execution=" in table
+    assert accumulator.Tensors("rollout/completions/text_summary")  # the training table: the total reward
