@@ -8,7 +8,7 @@ PIP := $(VENV)/bin/pip
 CPU_TORCH := torch==2.13.0
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-slow test-multirank lint bench bench-engines clean install-gpu
+.PHONY: demo test test-slow test-multirank lint bench bench-engines clean install-gpu sandbox
 
 # make test-vllm and make bench-engines: the vLLM tests and benchmark in .venv-vllm (defines VLLM_STAMP,
 # so it comes before the rules that name it)
@@ -41,13 +41,29 @@ install-gpu:
 demo: $(STAMP)
 	$(PY) -m unirl_lightning.demo
 
-test: $(STAMP)
+# CodeExecutionReward's sandbox, Debian's bubblewrap (bwrap): installed where root and apt-get exist,
+# otherwise a message (the reward then refuses to run and its sandbox tests are skipped). Quiet when
+# bwrap is already there.
+sandbox:
+	@if command -v bwrap >/dev/null 2>&1; then :; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+		echo "installing bubblewrap (the code-execution reward's sandbox)"; \
+		{ apt-get install -y -qq bubblewrap >/dev/null 2>&1 || \
+		  { apt-get update -qq >/dev/null && apt-get install -y -qq bubblewrap >/dev/null; }; } || \
+		echo "WARNING: apt-get could not install bubblewrap; CodeExecutionReward will refuse to run" >&2; \
+	else \
+		echo "NOTE: bubblewrap (bwrap) is not installed and this is not a root shell with apt-get:" \
+		     "CodeExecutionReward refuses to run without it and its sandbox tests are skipped." \
+		     "Install it with: sudo apt-get install bubblewrap (or your distribution's package)." >&2; \
+	fi
+
+test: $(STAMP) sandbox
 	$(VENV)/bin/ruff check .
 	$(PY) -m pytest -m "not gpu and not multirank and not slow" -q --doctest-modules unirl_lightning tests
 
 # the end-to-end runs marked slow (recipes that must learn, real SmolLM2, worker faults, fake-GPU Ray
 # clusters, kill-and-resume through the CLI); CI runs them after make test
-test-slow: $(STAMP)
+test-slow: $(STAMP) sandbox
 	$(PY) -m pytest -m "slow and not gpu and not multirank" -q tests
 
 # the 2-rank DDP/FSDP runs (each a subprocess with two training processes): about 3.5 minutes; CI runs them

@@ -58,6 +58,8 @@ _EXPORTS = {
     "CallableReward": "unirl_lightning.rewards",
     "FormatReward": "unirl_lightning.rewards",
     "CombinedReward": "unirl_lightning.rewards",
+    "CodeExecutionReward": "unirl_lightning.rewards",
+    "RemoteReward": "unirl_lightning.rewards",
     # the records a custom module trains on
     "ExperienceBatch": "unirl_lightning.rollout.batches",
     "DiffusionBatch": "unirl_lightning.rollout.batches",

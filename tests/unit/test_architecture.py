@@ -130,8 +130,8 @@ LAYERS: list[tuple[str, ...]] = [
         "rollout.agentic",
         "rollout.loop",
     ),
-    # 4: rewards and the built-in tasks
-    ("rewards", "data.tasks"),
+    # 4: rewards (the code reward's sandbox and its in-sandbox runner, the remote reward) and the built-in tasks
+    ("rewards", "rewards.code", "rewards.sandbox", "rewards.sandbox_runner", "rewards.remote", "data.tasks"),
     # 5: environments (the agentic coordinator) and the data modules
     ("envs", "data"),
     # 6: the agentic loop (episodes through the coordinator)

@@ -86,7 +86,8 @@ def test_digit_tasks_use_the_small_vocabulary_and_one_digit_answers(name):
 
 def test_unknown_task_lists_builtin_names():
     with pytest.raises(
-        ValueError, match=r"'mult'.*\['add_mod10', 'copy_first', 'digit_successor', 'word_problems'\]"
+        ValueError,
+        match=r"'mult'.*\['add_mod10', 'copy_first', 'digit_successor', 'python_functions', 'word_problems'\]",
     ):
         make_task("mult", num_prompts=1, seed=0)
 

@@ -10,6 +10,11 @@ global RNG). Answers are checked by :class:`~unirl_lightning.rewards.ExactMatchR
   space, and answers are one digit, so a character-level policy with a ~20-token vocabulary
   learns them from scratch (tests and the CPU demo). Their prompt spaces are tiny
   (``digit_successor`` has 10 prompts, ``add_mod10`` 100).
+* ``python_functions``: HumanEval-style code completion for a character-level policy: the prompt is
+  a Python function up to ``return x`` and its docstring says what it returns (``x * 3 + 4``); the
+  completion continues the expression (``*3+4``, in the digit vocabulary). Records carry ``tests``
+  (``{"input": [x], "output": f(x)}``) for :class:`~unirl_lightning.rewards.CodeExecutionReward`
+  with ``prefix_key="prompt"``.
 * ``word_problems``: GSM8K-style arithmetic word problems for a pretrained instruct model, with
   the answer asked for in ``\\boxed{}`` (a practically unbounded prompt space).
 
@@ -43,6 +48,7 @@ __all__ = [
     "digit_successor",
     "is_held_out",
     "make_task",
+    "python_functions",
     "word_problems",
 ]
 
@@ -94,6 +100,49 @@ def add_mod10(num_prompts: int, seed: int) -> list[dict]:
     for _ in range(num_prompts):
         a, b = rng.randrange(10), rng.randrange(10)
         records.append({"prompt": f"{a}+{b}=", "answer": str((a + b) % 10), "task": "add_mod10"})
+    return records
+
+
+# ---------------------------------------------------------------- code
+
+PYTHON_FUNCTION_INPUTS = (0, 1, 2, 7, -3)
+"""The arguments every ``python_functions`` record tests ``f`` on."""
+
+
+def python_functions(num_prompts: int, seed: int) -> list[dict]:
+    """Complete ``def f(x): return x`` so that ``f(x) == x * a + b`` (or ``x * a - b``).
+
+    ``a`` is a digit ``1-9``, ``b`` a digit ``0-9`` (180 prompts). The prompt is the function with a
+    docstring stating the expression, ending in ``return x``; the answer is the reference
+    continuation (``"*3+4"``); ``tests`` call ``f`` on :data:`PYTHON_FUNCTION_INPUTS`; the entry
+    point is ``"f"``. Scored by running ``prompt + completion``
+    (:class:`~unirl_lightning.rewards.CodeExecutionReward` with ``prefix_key="prompt"``), so a
+    completion such as ``"+6"`` for ``x * 7 + 6`` passes the test at ``x = 0`` only (a score of 0.2).
+
+    Example::
+
+        >>> record = python_functions(1, seed=0)[0]
+        >>> print(record["prompt"] + record["answer"])
+        def f(x):
+            \"\"\"Return x * 7 + 6.\"\"\"
+            return x*7+6
+        >>> record["tests"][:2]
+        [{'input': [0], 'output': 6}, {'input': [1], 'output': 13}]
+    """
+    rng = random.Random(seed)
+    records = []
+    for _ in range(num_prompts):
+        a, b, sign = rng.randint(1, 9), rng.randint(0, 9), rng.choice("+-")
+        offset = b if sign == "+" else -b
+        records.append(
+            {
+                "prompt": f'def f(x):\n    """Return x * {a} {sign} {b}."""\n    return x',
+                "answer": f"*{a}{sign}{b}",
+                "tests": [{"input": [x], "output": x * a + offset} for x in PYTHON_FUNCTION_INPUTS],
+                "entry_point": "f",
+                "task": "python_functions",
+            }
+        )
     return records
 
 
@@ -321,6 +370,7 @@ BUILTIN_TASKS: dict[str, Callable[..., list[dict]]] = {
     "digit_successor": digit_successor,
     "copy_first": copy_first,
     "add_mod10": add_mod10,
+    "python_functions": python_functions,
     "word_problems": word_problems,
 }
 """Built-in task name -> generator ``(num_prompts, seed, **kwargs) -> list[dict]``."""
