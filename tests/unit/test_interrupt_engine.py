@@ -65,3 +65,36 @@ def test_a_row_continued_with_new_weights_is_scored_by_them_and_keeps_its_prefix
             assert not torch.allclose(torch.tensor(old.logprobs), torch.tensor(stale), atol=1e-3), (
                 "the prefix's behaviour log-probs are those of the weights that generated it"
             )
+
+
+class FiresAfter:
+    """An interrupt signal that fires at its ``checks``-th read (the worker reads it before each chunk)."""
+
+    def __init__(self, checks: int) -> None:
+        self.checks, self.reads = checks, 0
+
+    def fired(self, epoch: int) -> bool:
+        self.reads += 1
+        return self.reads > self.checks
+
+
+def test_the_worker_goes_on_chunk_after_chunk_until_the_signal_fires():
+    from unirl_lightning.engines.base import generate_chunks
+
+    engine = HFEngine(HFEngineConfig(device="cpu", num_threads=None), POLICY, None)
+    engine.stop_ids = []
+    signal = FiresAfter(2)
+    request = RolloutRequest(
+        RECORDS, n=2, sampling=SAMPLING, seed=1, gen_id=5, chunk_tokens=3,
+        partial=[[PartialRow(0), PartialRow(1)], [PartialRow(0)]], interrupt_signal=signal,
+    )
+    groups = generate_chunks(engine, request)
+    assert signal.reads == 3  # before chunk 1, chunk 2, then fired
+    assert [[len(r.completion_ids) for r in g] for g in groups] == [[6, 6], [6]]
+    assert all(r.finish_reason == "aborted" and r.token_versions == [0] * 6 for g in groups for r in g)
+    # without interruption the rows run to their whole budget (9 = 3 chunks) and finish
+    request.interrupt_signal = FiresAfter(100)
+    assert all(r.finish_reason == "length" and len(r.completion_ids) == 9 for g in generate_chunks(engine, request) for r in g)
+    # fired before the first chunk (a request queued behind another): nothing generated, nothing lost
+    request.interrupt_signal = FiresAfter(0)
+    assert all(r.completion_ids == [] and r.finish_reason == "aborted" for g in generate_chunks(engine, request) for r in g)

@@ -311,8 +311,10 @@ def generate_chunk(engine: Any, request: RolloutRequest) -> list[list[Rollout]]:
         samples = engine.generate_ids(inputs, dataclasses.replace(sampling, max_new_tokens=budget), seed)
         for (index, position), row, (new_ids, new_logps, finish) in zip(positions, rows, samples):
             completion = list(row.completion_ids) + list(new_ids)
+            text = tok.decode(completion, skip_special_tokens=True)
             if finish == "length" and len(completion) < sampling.max_new_tokens:
-                finish = "aborted"
+                # a stop string that ends exactly at the chunk's budget leaves no padding to tell it
+                finish = "stop" if any(text.endswith(stop) for stop in sampling.stop) else "aborted"
             out[index, position] = Rollout(
                 prompt_ids=list(prompts[index]),
                 completion_ids=completion,
@@ -320,13 +322,59 @@ def generate_chunk(engine: Any, request: RolloutRequest) -> list[list[Rollout]]:
                 token_versions=list(row.token_versions) + [version] * len(new_ids),
                 reward=0.0,
                 finish_reason=finish,
-                text=tok.decode(completion, skip_special_tokens=True),
+                text=text,
                 prompt=request.records[index]["prompt"],
                 group_id=index,
                 gen_id=request.gen_id,
                 weight_version=version,
             )
     return [[out[index, p] for p in range(len(rows))] for index, rows in enumerate(request.partial)]
+
+
+def generate_chunks(engine: Any, request: RolloutRequest) -> list[list[Rollout]]:
+    """The worker's side of ``sync_mode="interrupt"``: :func:`generate_chunk` again and again over the
+    rows not finished yet, until every row has finished or ``request.interrupt_signal`` fires
+    (checked before every chunk, so a request queued behind another returns at once); without a
+    signal, one chunk. Same answer shape as :func:`generate_chunk`: one rollout per row sent, the
+    unfinished ones ``"aborted"`` with the tokens they have so far (possibly none). Chunk ``k`` is
+    seeded ``derive_seed(seed, k)``."""
+    from unirl_lightning.rollout.records import PartialRow
+
+    signal, epoch = request.interrupt_signal, request.interrupt_epoch
+    rows = {(i, p): row for i, group in enumerate(request.partial or []) for p, row in enumerate(group)}
+    done: dict[tuple[int, int], Rollout] = {}
+    for call in range(1 << 30):
+        if not rows or (signal is not None and signal.fired(epoch)) or (signal is None and call == 1):
+            break
+        keys = sorted(rows)
+        indices = sorted({i for i, _ in keys})
+        chunk = dataclasses.replace(
+            request,
+            records=[request.records[i] for i in indices],
+            partial=[[rows[k] for k in keys if k[0] == i] for i in indices],
+            seed=None if request.seed is None else derive_seed(request.seed, call),
+        )
+        answers = [r for group in generate_chunk(engine, chunk) for r in group]
+        for key, rollout in zip([k for i in indices for k in keys if k[0] == i], answers):
+            if rollout.finish_reason == "aborted":
+                rows[key] = PartialRow(rows[key].sample, rollout.completion_ids, rollout.logprobs, rollout.versions())
+            else:
+                del rows[key]
+                done[key] = rollout
+    for (index, position), row in rows.items():  # interrupted: what each unfinished row has so far
+        done[index, position] = Rollout(
+            prompt_ids=list(engine.policy.prompt_ids(engine.tokenizer, request.records[index])),
+            completion_ids=list(row.completion_ids),
+            logprobs=list(row.logprobs),
+            token_versions=list(row.token_versions),
+            reward=0.0,
+            finish_reason="aborted",
+            prompt=request.records[index]["prompt"],
+            group_id=index,
+            gen_id=request.gen_id,
+            weight_version=engine.weight_version,
+        )
+    return [[done[i, p] for p in range(len(group))] for i, group in enumerate(request.partial or [])]
 
 
 ENGINE_DEAD_ERRORS = ("EngineDeadError",)

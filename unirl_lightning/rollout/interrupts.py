@@ -8,13 +8,16 @@ Who calls it
     simulator drive the same classes with simulated generations.
 
 Mechanism (the same for every token engine)
-    A job's samples are generated in *chunks* of at most ``chunk_tokens`` new tokens per row: each
-    chunk is one ordinary, non-blocking launch whose request carries every unfinished row's partial
-    completion (:class:`~unirl_lightning.rollout.records.PartialRow`); the engine continues each row
-    from prompt + partial (so the prefix's KV cache is recomputed with the weights it holds now). The
-    handle folds each finished chunk into the job and launches the next one itself, so between syncs
-    a job runs to completion as before. An *interrupt* waits for the chunk in flight (at most
-    ``chunk_tokens`` decode steps, instead of the longest sample's tail) and launches no next chunk:
+    A job's samples are generated in *chunks* of at most ``chunk_tokens`` new tokens per row. A call
+    is one ordinary, non-blocking launch whose request carries every unfinished row's partial
+    completion (:class:`~unirl_lightning.rollout.records.PartialRow`); the worker generates chunk
+    after chunk, continuing each row from prompt + partial, until the job is done or the request's
+    interrupt signal fires (checked between chunks: a worker actor runs one call at a time, so an
+    abort *call* would queue behind ``generate``). A resumed row's prefix is re-encoded as prompt,
+    so its KV cache is recomputed with the weights the engine holds now. Without a signal a call is
+    one chunk and the handle launches the next itself. An *interrupt* bumps the signal, waits for the
+    calls in flight (each ends at its chunk boundary: at most ``chunk_tokens`` decode steps, instead
+    of the longest sample's tail) and launches no next call:
     the job is suspended with its partial samples, leaves the in-flight pool (so ``sync_weights``'
     refusal while anything is in flight stays literally true) and keeps its ``gen_id`` and launch
     stamp. ``resume`` after the push launches the next chunk with the new weights.
@@ -57,17 +60,23 @@ class ChunkedGeneration:
             ``generate``); its result has ``groups`` of rollouts, one per row sent, in row order.
         request: the job's request (``n`` samples of each record, its sampling and seed).
         chunk_tokens: the most new tokens of a row per chunk.
+        signal: the interrupt signal (``epoch``, ``bump()``; the worker reads ``fired(epoch)``):
+            with one, a call goes on chunk after chunk in the worker until the job finishes or a
+            sync bumps the signal; None = one chunk per call, the next launched by this handle.
 
     Raises ``ValueError`` if ``chunk_tokens < 1``; whatever ``launch`` raises (from the constructor
     for the first chunk, then from ``ready``/``wait``/``result``/``resume``, the job unchanged).
     """
 
-    def __init__(self, launch: Callable[[Any], Any], request: RolloutRequest, chunk_tokens: int) -> None:
+    def __init__(
+        self, launch: Callable[[Any], Any], request: RolloutRequest, chunk_tokens: int, signal: Any = None
+    ) -> None:
         if chunk_tokens < 1:
             raise ValueError(f"chunk_tokens must be >= 1, got {chunk_tokens}")
         self._launch = launch
         self.request = request
         self.chunk_tokens = chunk_tokens
+        self.signal = signal
         self.rows: dict[Key, PartialRow] = {
             (index, sample): PartialRow(sample) for index in range(len(request.records)) for sample in range(request.n)
         }
@@ -110,6 +119,8 @@ class ChunkedGeneration:
             partial=[by_record[i] for i in records],
             chunk_tokens=self.chunk_tokens,
             seed=None if seed is None else derive_seed(seed, self.chunks),
+            interrupt_signal=self.signal,
+            interrupt_epoch=0 if self.signal is None else self.signal.epoch,
         )
 
     def _relaunch(self) -> None:
@@ -208,10 +219,12 @@ class ChunkedGeneration:
             self.interrupts += 1
 
 
-def chunked_launch(launch: Callable[[Any], Any], chunk_tokens: int) -> Callable[[RolloutRequest], ChunkedGeneration]:
+def chunked_launch(
+    launch: Callable[[Any], Any], chunk_tokens: int, signal: Any = None
+) -> Callable[[RolloutRequest], ChunkedGeneration]:
     """The controller's ``launch`` for ``sync_mode="interrupt"``: every request becomes a
-    :class:`ChunkedGeneration` over ``launch`` (e.g. the worker group's ``generate``)."""
-    return lambda request: ChunkedGeneration(launch, request, chunk_tokens)
+    :class:`ChunkedGeneration` over ``launch`` (e.g. the worker group's ``generate``) and ``signal``."""
+    return lambda request: ChunkedGeneration(launch, request, chunk_tokens, signal)
 
 
 class SuspendedJobs:
@@ -246,6 +259,9 @@ class SuspendedJobs:
         the reap that follows.
         """
         first_error: Exception | None = None
+        signals = {id(h.signal): h.signal for _, _, h in pool.jobs() if getattr(h, "signal", None) is not None}
+        for signal in signals.values():  # every request in flight stops at its next chunk boundary
+            signal.bump()
         for gen_id, stamp, handle in pool.jobs():
             interrupt = getattr(handle, "interrupt", None)
             if interrupt is None:

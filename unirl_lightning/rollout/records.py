@@ -125,9 +125,9 @@ class RolloutRequest:
 
     A *chunk* of an interruptible generation (``chunk_tokens`` set) generates only the rows in
     ``partial`` (one list per record, aligned with ``records``), each continued from prompt + its
-    partial completion for at most ``chunk_tokens`` new tokens; the worker answers one group per
+    partial completion ``chunk_tokens`` new tokens at a time; the worker answers one group per
     record with one rollout per row, in row order, a row that is not finished yet with
-    ``finish_reason="aborted"`` (see :func:`unirl_lightning.engines.base.generate_chunk`)."""
+    ``finish_reason="aborted"`` (see :func:`unirl_lightning.engines.base.generate_chunks`)."""
 
     records: list[dict[str, Any]]
     n: int
@@ -136,6 +136,11 @@ class RolloutRequest:
     gen_id: int = -1
     chunk_tokens: int | None = None
     partial: list[list[PartialRow]] | None = None
+    # chunk requests: the worker goes on chunk after chunk until every row finished or the signal
+    # (``fired(epoch)``, e.g. :class:`~unirl_lightning.workers.signal.InterruptSignal`) says a sync
+    # interrupts the requests launched at ``interrupt_epoch``; None = one chunk per call
+    interrupt_signal: Any = None
+    interrupt_epoch: int = 0
 
     def __post_init__(self) -> None:
         require_at_least("n", self.n, 1)

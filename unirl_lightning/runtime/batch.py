@@ -55,6 +55,8 @@ class BatchRuntime(RolloutRuntime):
     def scheduling(self) -> Scheduling:
         return SCHEDULING[self.spec.family]
 
+    signal: Any = None  # sync_mode="interrupt": the InterruptSignal of the requests in flight
+
     @property
     def interrupts(self) -> bool:
         """``sync_mode="interrupt"``: requests run in chunks and a sync interrupts and resumes them."""
@@ -76,7 +78,11 @@ class BatchRuntime(RolloutRuntime):
     def _make_controller(self, state: dict[str, Any]) -> BatchRolloutController:
         launch = self.workers.generate
         if self.interrupts:
-            launch = chunked_launch(launch, self.settings.interrupt_chunk_tokens)
+            from unirl_lightning.workers.signal import InterruptSignal
+
+            if self.signal is None:
+                self.signal = InterruptSignal.create()
+            launch = chunked_launch(launch, self.settings.interrupt_chunk_tokens, self.signal)
         return BatchRolloutController(
             launch,
             complete=lambda gen_id, version, result: self.loop.complete(gen_id, version, result),
@@ -122,6 +128,12 @@ class BatchRuntime(RolloutRuntime):
     def evaluate(self, records: list[dict[str, Any]], sampling: Any, n: int, seed: int) -> list[list[Any]]:
         request = RolloutRequest(records=records, n=n, sampling=sampling, seed=seed, gen_id=-1)
         return self.workers.generate(request).result()["groups"]
+
+    def shutdown(self) -> None:
+        super().shutdown()
+        if self.signal is not None:
+            self.signal.close()
+            self.signal = None
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         super().load_state_dict(state)
