@@ -146,10 +146,21 @@ def run(config: dict[str, Any]) -> dict[str, Any]:
         mine = [r for r in runs if r["mode"] == mode]
         medians[mode] = {
             key: statistics.median(r[key] for r in mine)
-            for key in ("tokens_per_s", "steps_per_s", "quiesce_s", "push_s", "generate_s", "train_s", "wait_s", "eval_accuracy")
+            for key in (
+                "tokens_per_s",
+                "steps_per_s",
+                "quiesce_s",
+                "push_s",
+                "generate_s",
+                "train_s",
+                "wait_s",
+                "eval_accuracy",
+            )
         }
         medians[mode]["token_staleness_1"] = statistics.median(r["token_staleness"]["1"] for r in mine)
-        medians[mode]["interrupted_samples_per_step"] = statistics.median(r["interrupted_samples_per_step"] for r in mine)
+        medians[mode]["interrupted_samples_per_step"] = statistics.median(
+            r["interrupted_samples_per_step"] for r in mine
+        )
     sync = medians["sync"]["tokens_per_s"]
     summary = {
         "async_quiesce_over_sync": round(medians["async_quiesce"]["tokens_per_s"] / sync, 3),

@@ -15,25 +15,35 @@ pytestmark = pytest.mark.usefixtures("ray_local")
 
 
 def test_on_policy_pin_holds_under_interrupt_at_max_staleness_0(tmp_path):
-    strategy = AsyncRolloutStrategy(max_staleness=0, max_inflight=1, sync_mode="interrupt", interrupt_chunk_tokens=2)
+    strategy = AsyncRolloutStrategy(
+        max_staleness=0, max_inflight=1, sync_mode="interrupt", interrupt_chunk_tokens=2
+    )
     try:
-        _, _, recorder = fit_tiny(tmp_path, max_steps=4, strategy=strategy, module=tiny_module(max_new_tokens=7))
+        _, _, recorder = fit_tiny(
+            tmp_path, max_steps=4, strategy=strategy, module=tiny_module(max_new_tokens=7)
+        )
     finally:
         strategy.shutdown()
     assert len(recorder.steps) == 4
     for step in recorder.steps:
         metrics = step["metrics"]
         assert set(step["row_versions"]) == {step["version"]}
-        assert abs(metrics["train/ratio_mean"] - 1.0) < 1e-3, "a continued chunk's behaviour log-probs are off"
+        assert abs(metrics["train/ratio_mean"] - 1.0) < 1e-3, (
+            "a continued chunk's behaviour log-probs are off"
+        )
         assert metrics["rollout/interrupted_samples"] == 0, "max_staleness=0: no request may span a sync"
         assert metrics["rollout/token_staleness/0"] == 1.0
 
 
 def test_interrupted_samples_span_versions_within_the_bound(tmp_path):
-    strategy = AsyncRolloutStrategy(max_staleness=1, max_inflight=2, sync_mode="interrupt", interrupt_chunk_tokens=1)
+    strategy = AsyncRolloutStrategy(
+        max_staleness=1, max_inflight=2, sync_mode="interrupt", interrupt_chunk_tokens=1
+    )
     pushes = count_pushes(strategy)
     try:
-        _, _, recorder = fit_tiny(tmp_path, max_steps=6, strategy=strategy, module=tiny_module(max_new_tokens=6))
+        _, _, recorder = fit_tiny(
+            tmp_path, max_steps=6, strategy=strategy, module=tiny_module(max_new_tokens=6)
+        )
         interrupted = strategy.runtime.controller.interrupted_jobs
     finally:
         strategy.shutdown()
@@ -43,7 +53,9 @@ def test_interrupted_samples_span_versions_within_the_bound(tmp_path):
     assert max(m["rollout/token_versions_max_spread"] for m in metrics) == 1
     assert sum(m["rollout/interrupted_samples"] for m in metrics) > 0
     for m, step in zip(metrics, recorder.steps):
-        assert "rollout/token_staleness/2" not in m  # the figures stop at max_staleness (a token older raises)
+        assert (
+            "rollout/token_staleness/2" not in m
+        )  # the figures stop at max_staleness (a token older raises)
         assert abs(m["rollout/token_staleness/0"] + m["rollout/token_staleness/1"] - 1.0) < 1e-6
         assert max(step["version"] - v for v in step["row_versions"]) <= 1
 
@@ -51,7 +63,9 @@ def test_interrupted_samples_span_versions_within_the_bound(tmp_path):
 @pytest.mark.slow
 def test_resume_with_interrupted_samples_in_flight_relaunches_them_from_the_prompt(tmp_path):
     def strategy():
-        return AsyncRolloutStrategy(max_staleness=1, max_inflight=2, sync_mode="interrupt", interrupt_chunk_tokens=1)
+        return AsyncRolloutStrategy(
+            max_staleness=1, max_inflight=2, sync_mode="interrupt", interrupt_chunk_tokens=1
+        )
 
     first, loop1 = fit_recording(tmp_path, strategy(), unique_prompts(), max_steps=3)
     second, loop2 = fit_recording(

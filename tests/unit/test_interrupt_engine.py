@@ -17,7 +17,9 @@ SAMPLING = SamplingParams(temperature=1.0, max_new_tokens=9)
 
 
 def chunk(engine: HFEngine, partial: list[list[PartialRow]], tokens: int, seed: int) -> list[list]:
-    request = RolloutRequest(RECORDS, n=2, sampling=SAMPLING, seed=seed, gen_id=5, chunk_tokens=tokens, partial=partial)
+    request = RolloutRequest(
+        RECORDS, n=2, sampling=SAMPLING, seed=seed, gen_id=5, chunk_tokens=tokens, partial=partial
+    )
     return generate_chunk(engine, request)
 
 
@@ -43,12 +45,16 @@ def test_a_row_continued_with_new_weights_is_scored_by_them_and_keeps_its_prefix
     state = {k: v + 0.05 * torch.randn_like(v) for k, v in engine.model.state_dict().items()}
     engine.load_weights(state.items(), weight_version=1)
     partial = [
-        [PartialRow(s, r.completion_ids, r.logprobs, r.token_versions) for s, r in enumerate(group)] for group in first
+        [PartialRow(s, r.completion_ids, r.logprobs, r.token_versions) for s, r in enumerate(group)]
+        for group in first
     ]
     second = chunk(engine, partial, tokens=4, seed=2)
     third = chunk(
         engine,
-        [[PartialRow(s, r.completion_ids, r.logprobs, r.token_versions) for s, r in enumerate(g)] for g in second],
+        [
+            [PartialRow(s, r.completion_ids, r.logprobs, r.token_versions) for s, r in enumerate(g)]
+            for g in second
+        ],
         tokens=4,
         seed=3,
     )
@@ -85,8 +91,14 @@ def test_the_worker_goes_on_chunk_after_chunk_until_the_signal_fires():
     engine.stop_ids = []
     signal = FiresAfter(2)
     request = RolloutRequest(
-        RECORDS, n=2, sampling=SAMPLING, seed=1, gen_id=5, chunk_tokens=3,
-        partial=[[PartialRow(0), PartialRow(1)], [PartialRow(0)]], interrupt_signal=signal,
+        RECORDS,
+        n=2,
+        sampling=SAMPLING,
+        seed=1,
+        gen_id=5,
+        chunk_tokens=3,
+        partial=[[PartialRow(0), PartialRow(1)], [PartialRow(0)]],
+        interrupt_signal=signal,
     )
     groups = generate_chunks(engine, request)
     assert signal.reads == 3  # before chunk 1, chunk 2, then fired
@@ -94,7 +106,15 @@ def test_the_worker_goes_on_chunk_after_chunk_until_the_signal_fires():
     assert all(r.finish_reason == "aborted" and r.token_versions == [0] * 6 for g in groups for r in g)
     # without interruption the rows run to their whole budget (9 = 3 chunks) and finish
     request.interrupt_signal = FiresAfter(100)
-    assert all(r.finish_reason == "length" and len(r.completion_ids) == 9 for g in generate_chunks(engine, request) for r in g)
+    assert all(
+        r.finish_reason == "length" and len(r.completion_ids) == 9
+        for g in generate_chunks(engine, request)
+        for r in g
+    )
     # fired before the first chunk (a request queued behind another): nothing generated, nothing lost
     request.interrupt_signal = FiresAfter(0)
-    assert all(r.completion_ids == [] and r.finish_reason == "aborted" for g in generate_chunks(engine, request) for r in g)
+    assert all(
+        r.completion_ids == [] and r.finish_reason == "aborted"
+        for g in generate_chunks(engine, request)
+        for r in g
+    )

@@ -104,7 +104,9 @@ class SimEngine:
                 start, target = len(row.completion_ids), self.target(key)
                 end = min(target, start + request.chunk_tokens)
                 ids = [token_id(*key, p) for p in range(start, end)]
-                finish = "stop" if end == target < MAX_NEW_TOKENS else "length" if end == target else "aborted"
+                finish = (
+                    "stop" if end == target < MAX_NEW_TOKENS else "length" if end == target else "aborted"
+                )
                 group.append(
                     Rollout(
                         prompt_ids=[0],
@@ -180,7 +182,9 @@ def run_schedule(seed: int) -> dict[str, Any]:
             records = [{"prompt": "", "index": i} for i in range(rng.randint(1, 3))]
             n = rng.randint(1, 3)
             samples[gen_id] = {(gen_id, i, s) for i in range(len(records)) for s in range(n)}
-            controller.submit(RolloutRequest(records, n, SamplingParams(max_new_tokens=MAX_NEW_TOKENS), gen_id=gen_id))
+            controller.submit(
+                RolloutRequest(records, n, SamplingParams(max_new_tokens=MAX_NEW_TOKENS), gen_id=gen_id)
+            )
         elif op == "finish" and engine.chunks:
             rng.choice(engine.chunks).is_ready = True
         elif op == "fail" and engine.chunks:
@@ -214,12 +218,19 @@ def run_schedule(seed: int) -> dict[str, Any]:
             pushes: list[int] = []
             if controller.inflight:
                 violations.append(f"seed {seed}: {controller.inflight} job(s) in flight after quiesce")
-            controller.sync_weights(lambda version: (pushes.append(version), setattr(engine, "version", version)))
+
+            def push(version: int, pushes: list[int] = pushes) -> None:
+                pushes.append(version)
+                engine.version = version
+
+            controller.sync_weights(push)
             controller.resume(max_staleness)
             account_evicted()
             syncs += 1
             if controller.weight_version != before + 1 or pushes != [before + 1]:
-                violations.append(f"seed {seed}: sync moved v{before} -> v{controller.weight_version}, pushes {pushes}")
+                violations.append(
+                    f"seed {seed}: sync moved v{before} -> v{controller.weight_version}, pushes {pushes}"
+                )
         if controller.weight_version != start_version + syncs:
             violations.append(f"seed {seed}: version {controller.weight_version} after {syncs} syncs")
 
@@ -280,7 +291,9 @@ def test_a_sample_spans_versions_and_each_token_keeps_its_own() -> None:
     controller = BatchRolloutController(
         lambda request: ChunkedGeneration(engine.launch, request, 4), complete=lambda g, v, r: r["groups"]
     )
-    controller.submit(RolloutRequest([{"prompt": "", "index": 0}], 2, SamplingParams(max_new_tokens=12), gen_id=0))
+    controller.submit(
+        RolloutRequest([{"prompt": "", "index": 0}], 2, SamplingParams(max_new_tokens=12), gen_id=0)
+    )
     for version in (1, 2):
         controller.quiesce(interrupt=True)
         assert (controller.inflight, controller.suspended) == (0, 1)
@@ -304,7 +317,9 @@ def test_a_suspended_job_over_the_bound_is_dropped_not_resumed() -> None:
     controller = BatchRolloutController(
         lambda request: ChunkedGeneration(engine.launch, request, 4), complete=lambda g, v, r: r["groups"]
     )
-    controller.submit(RolloutRequest([{"prompt": "", "index": 0}], 1, SamplingParams(max_new_tokens=12), gen_id=0))
+    controller.submit(
+        RolloutRequest([{"prompt": "", "index": 0}], 1, SamplingParams(max_new_tokens=12), gen_id=0)
+    )
     controller.quiesce(interrupt=True)
     controller.sync_weights(lambda v: setattr(engine, "version", v))
     assert controller.resume(max_staleness=0) == 0

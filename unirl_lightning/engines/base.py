@@ -357,7 +357,9 @@ def generate_chunks(engine: Any, request: RolloutRequest) -> list[list[Rollout]]
         answers = [r for group in generate_chunk(engine, chunk) for r in group]
         for key, rollout in zip([k for i in indices for k in keys if k[0] == i], answers):
             if rollout.finish_reason == "aborted":
-                rows[key] = PartialRow(rows[key].sample, rollout.completion_ids, rollout.logprobs, rollout.versions())
+                rows[key] = PartialRow(
+                    rows[key].sample, rollout.completion_ids, rollout.logprobs, rollout.versions()
+                )
             else:
                 del rows[key]
                 done[key] = rollout

@@ -78,7 +78,9 @@ class ChunkedGeneration:
         self.chunk_tokens = chunk_tokens
         self.signal = signal
         self.rows: dict[Key, PartialRow] = {
-            (index, sample): PartialRow(sample) for index in range(len(request.records)) for sample in range(request.n)
+            (index, sample): PartialRow(sample)
+            for index in range(len(request.records))
+            for sample in range(request.n)
         }
         self.done: dict[Key, Any] = {}
         self.chunks = 0  # chunks folded so far
@@ -259,7 +261,9 @@ class SuspendedJobs:
         the reap that follows.
         """
         first_error: Exception | None = None
-        signals = {id(h.signal): h.signal for _, _, h in pool.jobs() if getattr(h, "signal", None) is not None}
+        signals = {
+            id(h.signal): h.signal for _, _, h in pool.jobs() if getattr(h, "signal", None) is not None
+        }
         for signal in signals.values():  # every request in flight stops at its next chunk boundary
             signal.bump()
         for gen_id, stamp, handle in pool.jobs():

@@ -276,7 +276,9 @@ class RolloutLoop:
         self.gen_id_offset = 0  # gen_ids used by relaunches after a resume (not counted by the ceiling)
         self.untrained: dict[int, list[dict[str, Any]]] = {}  # gen_id -> prompt records
         self.evicted_groups = 0
-        self.interrupt_dropped = 0  # suspended requests dropped as over-stale at resume (sync_mode="interrupt")
+        self.interrupt_dropped = (
+            0  # suspended requests dropped as over-stale at resume (sync_mode="interrupt")
+        )
         self.resume_dropped_partials = 0  # partial samples a checkpoint resume relaunched from the prompt
         self.recent_evicted_gen_ids: deque[int] = deque(maxlen=1024)  # for inspection; bounded
         self.blocked_s = 0.0  # time the trainer waited on generation since the last batch
