@@ -73,7 +73,7 @@ class RolloutWorker:
                 (rollout, record)
                 for group, record in zip(groups, request.records)
                 for rollout in group
-                if rollout.finish_reason != "aborted" or request.chunk_tokens is None
+                if request.chunk_tokens is None or rollout.finish_reason != "aborted"
             ]
             rollouts = [rollout for rollout, _ in rows]
             extras = type(rollouts[0]).reward_columns(rollouts) if rollouts else {}
