@@ -59,7 +59,8 @@ class RolloutWorker:
 
         started_at = time.time()  # wall clock: the driver maps it onto its own (timeline.clamp_span)
         start = time.perf_counter()
-        if request.chunk_tokens is not None:  # one chunk of an interruptible generation
+        chunked = getattr(request, "chunk_tokens", None) is not None  # sync_mode="interrupt"
+        if chunked:
             from unirl_lightning.engines.base import generate_chunks
 
             groups = generate_chunks(self.engine, request)
@@ -73,7 +74,7 @@ class RolloutWorker:
                 (rollout, record)
                 for group, record in zip(groups, request.records)
                 for rollout in group
-                if request.chunk_tokens is None or rollout.finish_reason != "aborted"
+                if not chunked or rollout.finish_reason != "aborted"
             ]
             rollouts = [rollout for rollout, _ in rows]
             extras = type(rollouts[0]).reward_columns(rollouts) if rollouts else {}
