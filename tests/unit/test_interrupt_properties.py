@@ -325,3 +325,19 @@ def test_a_suspended_job_over_the_bound_is_dropped_not_resumed() -> None:
     assert controller.resume(max_staleness=0) == 0
     assert controller.pop_dropped() == [(0, 0)] and controller.pop_dropped() == []
     assert (controller.inflight, controller.suspended, controller.buffered) == (0, 0, 0)
+
+
+def test_interrupt_needs_placement_separate_and_the_message_names_both_keys() -> None:
+    import pytest
+
+    from tests.builders import rollout_settings
+    from unirl_lightning.preflight import interrupt_placement_error
+
+    assert interrupt_placement_error("interrupt", "separate") is None
+    assert interrupt_placement_error("quiesce", "colocate") is None
+    with pytest.raises(
+        ValueError, match=r"sync_mode='interrupt' needs placement='separate', got placement='colocate'"
+    ):
+        rollout_settings(placement="colocate", max_staleness=0, max_inflight=1, sync_mode="interrupt")
+    with pytest.raises(ValueError, match=r"sync_mode must be one of \('quiesce', 'interrupt'\), got 'abort'"):
+        rollout_settings(sync_mode="abort")
