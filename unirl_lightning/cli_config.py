@@ -37,7 +37,14 @@ def _strategy_settings(trainer: Any) -> dict[str, Any] | None:
     defaults = inspect.signature(RolloutStrategyMixin.init_rollout).parameters
     return {
         key: given.get(key, defaults[key].default)
-        for key in ("placement", "max_staleness", "max_inflight", "weight_sync", "max_worker_restarts")
+        for key in (
+            "placement",
+            "max_staleness",
+            "max_inflight",
+            "sync_mode",
+            "weight_sync",
+            "max_worker_restarts",
+        )
     }
 
 
@@ -161,7 +168,8 @@ def check_rollout_combinations(config: Any) -> dict[str, Any] | None:
     if settings is None:
         return None
     try:
-        check_rollout_settings(**{k: settings[k] for k in ("placement", "max_staleness", "max_inflight")})
+        keys = ("placement", "max_staleness", "max_inflight", "sync_mode")
+        check_rollout_settings(**{k: settings[k] for k in keys})
     except ValueError as exc:
         raise ValueError(f"trainer.strategy.init_args: {exc}") from None
     return settings

@@ -29,8 +29,8 @@ from typing import Any
 
 from unirl_lightning.preflight import (
     chat_template_warning,
-    precision_warning,
     multi_node_ray_error,
+    precision_warning,
     sync_replacement_error,
 )
 

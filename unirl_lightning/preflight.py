@@ -12,6 +12,7 @@ __all__ = [
     "MIXED_PRECISIONS",
     "chat_template_warning",
     "fused_optimizer_allowed",
+    "interrupt_placement_error",
     "multi_node_ray_error",
     "precision_warning",
     "sync_replacement_error",
@@ -21,6 +22,25 @@ MIXED_PRECISIONS = frozenset({"16-mixed", "bf16-mixed", "16", "bf16"})
 """Lightning's automatic-mixed-precision settings (``"16"`` and ``"bf16"`` are its old names for them)."""
 
 LOW_PRECISION_DTYPES = frozenset({"bfloat16", "float16"})
+
+
+SYNC_MODES = ("quiesce", "interrupt")
+"""How a weight sync treats the requests in flight: wait for them, or interrupt and resume them."""
+
+
+def interrupt_placement_error(sync_mode: str, placement: str) -> str | None:
+    """``sync_mode`` must be one of :data:`SYNC_MODES`; ``"interrupt"`` resumes requests with new weights
+    while the trainer goes on, which needs generators on devices of their own (``placement="separate"``):
+    a colocated run is synchronous (nothing is in flight at a sync, there is nothing to interrupt)."""
+    if sync_mode not in SYNC_MODES:
+        return f"sync_mode must be one of {SYNC_MODES}, got {sync_mode!r}"
+    if sync_mode == "interrupt" and placement != "separate":
+        return (
+            f"sync_mode='interrupt' needs placement='separate', got placement={placement!r}: interrupted "
+            "requests resume while the trainer trains, so generation needs devices of its own; use "
+            "sync_mode='quiesce' with this placement"
+        )
+    return None
 
 
 def sync_replacement_error(

@@ -82,6 +82,14 @@ class RolloutStrategyMixin:
         placement: ``"separate"`` (generators on their own devices; required for async) or
             ``"colocate"`` (engines sleep while the trainer runs; synchronous only).
         offload_optimizer: ``"colocate"`` only: the optimizer state goes to the host while engines wake.
+        sync_mode: what a weight sync does with the requests in flight: ``"quiesce"`` (wait for them
+            to finish) or ``"interrupt"`` (LLM modules, ``placement="separate"``: requests run in
+            chunks of ``interrupt_chunk_tokens``; a sync ends each at its current chunk, pushes, and
+            resumes it as prompt + partial completion with the new weights; every token keeps the
+            version that generated it and a sample is trained only while its oldest token is within
+            ``max_staleness``). Agentic modules always abort at a turn boundary.
+        interrupt_chunk_tokens: ``sync_mode="interrupt"``: the most new tokens of a sample per
+            generation call (the longest a sync waits, in decode steps).
         weight_sync: ``"object_store"`` (default), ``"collective"`` or a ``WeightSync`` instance.
         seed: base seed of the rollout (None = ``seed_everything``'s seed, else 0): every seed is a hash
             of it (request ``g`` of rank ``r``: ``derive_seed(seed, r, g)``): no two requests share one.
@@ -122,6 +130,8 @@ class RolloutStrategyMixin:
         offload_optimizer: bool = False,
         abort_timeout_s: float = 60.0,
         reward_workers: RewardWorkers | None = None,
+        sync_mode: Literal["quiesce", "interrupt"] = "quiesce",
+        interrupt_chunk_tokens: PositiveInt = 32,
     ) -> None:
         self.abort_timeout_s = float(require_positive("abort_timeout_s", abort_timeout_s))
         self.cross_rank_abort: CrossRankAbort | None = None
@@ -141,6 +151,8 @@ class RolloutStrategyMixin:
             worker_layout=worker_layout,
             offload_optimizer=offload_optimizer,
             reward_workers=reward_workers,
+            sync_mode=sync_mode,
+            interrupt_chunk_tokens=int(interrupt_chunk_tokens),
         )
         self.weight_sync: WeightSync = resolve_weight_sync(weight_sync)
         self.sync_interval: int | None = None  # handed over by WeightSyncCallback.setup
@@ -195,7 +207,9 @@ class RolloutStrategyMixin:
         kind = "collective" if isinstance(self.weight_sync, CollectiveWeightSync) else "other"
         error = sync_replacement_error(kind, self.shards_model, world_size, self.rollout.max_worker_restarts)
         if error is None:
-            error = multi_node_ray_error(int(getattr(self, "num_nodes", 1) or 1), os.environ.get("RAY_ADDRESS"))
+            error = multi_node_ray_error(
+                int(getattr(self, "num_nodes", 1) or 1), os.environ.get("RAY_ADDRESS")
+            )
         if error is not None:
             raise ValueError(error)
 

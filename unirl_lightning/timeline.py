@@ -8,8 +8,10 @@ What is recorded (by whom)
     the oldest job, or a result transfer longer than 1 ms; the rollout loop), ``train_step`` (the
     module's ``training_step``), ``sync/quiesce`` and ``sync/push`` (the runtime's ``sync_weights``).
     Per rollout worker of that rank, a ``worker i`` track: ``generate`` spans (args: ``gen_id``,
-    ``weight_version`` (the launch stamp), ``samples``, ``completion_tokens``), and the worker's
-    restarts as instant events (``worker_restart``).
+    ``weight_version`` (the launch stamp), ``samples``, ``completion_tokens``; under
+    ``sync_mode="interrupt"`` one span per chunk, with its ``chunk`` index, and a chunk a sync cut
+    short is named ``generate (interrupted)``: the samples it leaves unfinished resume after the
+    push), and the worker's restarts as instant events (``worker_restart``).
 
 Clock rule
     Every time is ``time.time()`` seconds. A worker stamps its ``generate`` start and end with its
@@ -191,6 +193,7 @@ def spans_of(trace: dict[str, Any], name: str | None = None) -> list[dict[str, A
 
 COLORS = {
     "generate": "#2f80ed",
+    "generate (interrupted)": "#56ccf2",
     "wait": "#eb5757",
     "train_step": "#27ae60",
     "sync/quiesce": "#f2994a",

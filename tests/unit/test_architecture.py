@@ -127,6 +127,7 @@ LAYERS: list[tuple[str, ...]] = [
         "rollout.records",
         "rollout.batches",
         "rollout.controller",
+        "rollout.interrupts",
         "rollout.agentic",
         "rollout.loop",
     ),

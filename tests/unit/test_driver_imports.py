@@ -19,6 +19,7 @@ import pytest
 REPO_ROOT = Path(__file__).resolve().parents[2]
 DRIVER_MODULES = [
     "unirl_lightning.rollout.controller",
+    "unirl_lightning.rollout.interrupts",
     "unirl_lightning.rollout.loop",
     "unirl_lightning.rollout.agentic",
     "unirl_lightning.rollout.agentic_loop",

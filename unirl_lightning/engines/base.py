@@ -36,6 +36,7 @@ from typing import Any, ClassVar, Literal, Protocol, runtime_checkable
 import torch
 
 from unirl_lightning.rollout.records import FinishReason, PolicyFamily, Rollout, RolloutRequest
+from unirl_lightning.seeding import derive_seed
 
 
 @runtime_checkable
@@ -267,6 +268,115 @@ class RowGeneration:
             make_group(request, i, ids, samples[i * n : (i + 1) * n], tok, version)
             for i, ids in enumerate(prompt_ids)
         ]
+
+
+def generate_chunk(engine: Any, request: RolloutRequest) -> list[list[Rollout]]:
+    """One chunk of an interruptible generation (``request.chunk_tokens`` set), for any token engine
+    with ``generate_ids(rows, sampling, seed)`` (HF, vLLM, SGLang): the mechanism of
+    ``sync_mode="interrupt"`` is a token budget per call, so an in-flight call ends within
+    ``chunk_tokens`` decode steps and no engine needs an abort that would queue behind ``generate``.
+
+    Each row of ``request.partial`` is continued from prompt + its partial completion (re-encoded as
+    prompt ids, so the KV cache of the prefix is recomputed with the weights the engine holds now)
+    for ``min(chunk_tokens, max_new_tokens - len(partial))`` new tokens. Returns one group per record
+    with one rollout per row, in row order: the completion, behaviour log-probs and token versions so
+    far (prefix + new, aligned token by token; the new tokens carry ``engine.weight_version``), and
+    ``finish_reason`` ``"stop"``, ``"length"`` (the sample's whole budget is spent) or ``"aborted"``
+    (only this chunk's budget is: not finished, never scored or trained). Rows with the same budget
+    are sampled in one ``generate_ids`` call, the ``k``-th seeded ``derive_seed(seed, k)``.
+
+    Raises ``ValueError`` when ``chunk_tokens`` or ``partial`` is missing, or a row has no budget left.
+    """
+    if request.chunk_tokens is None or request.partial is None:
+        raise ValueError("generate_chunk needs a chunk request: chunk_tokens and partial set")
+    tok = engine.tokenizer
+    sampling, chunk = request.sampling, request.chunk_tokens
+    prompts = [engine.policy.prompt_ids(tok, record) for record in request.records]
+    by_budget: dict[int, list[tuple[int, int]]] = {}  # budget -> (record, row) positions
+    for index, rows in enumerate(request.partial):
+        for position, row in enumerate(rows):
+            left = sampling.max_new_tokens - len(row.completion_ids)
+            if left < 1:
+                raise ValueError(
+                    f"row {row.sample} of record {index} has {len(row.completion_ids)} tokens, the whole "
+                    f"max_new_tokens={sampling.max_new_tokens}: it is finished, not a chunk to continue"
+                )
+            by_budget.setdefault(min(chunk, left), []).append((index, position))
+    out: dict[tuple[int, int], Rollout] = {}
+    version = engine.weight_version
+    for call, (budget, positions) in enumerate(sorted(by_budget.items())):
+        rows = [request.partial[i][p] for i, p in positions]
+        inputs = [prompts[i] + list(row.completion_ids) for (i, _), row in zip(positions, rows)]
+        seed = None if request.seed is None else derive_seed(request.seed, call)
+        samples = engine.generate_ids(inputs, dataclasses.replace(sampling, max_new_tokens=budget), seed)
+        for (index, position), row, (new_ids, new_logps, finish) in zip(positions, rows, samples):
+            completion = list(row.completion_ids) + list(new_ids)
+            text = tok.decode(completion, skip_special_tokens=True)
+            if finish == "length" and len(completion) < sampling.max_new_tokens:
+                # a stop string that ends exactly at the chunk's budget leaves no padding to tell it
+                finish = "stop" if any(text.endswith(stop) for stop in sampling.stop) else "aborted"
+            out[index, position] = Rollout(
+                prompt_ids=list(prompts[index]),
+                completion_ids=completion,
+                logprobs=list(row.logprobs) + list(new_logps),
+                token_versions=list(row.token_versions) + [version] * len(new_ids),
+                reward=0.0,
+                finish_reason=finish,
+                text=text,
+                prompt=request.records[index]["prompt"],
+                group_id=index,
+                gen_id=request.gen_id,
+                weight_version=version,
+            )
+    return [[out[index, p] for p in range(len(rows))] for index, rows in enumerate(request.partial)]
+
+
+def generate_chunks(engine: Any, request: RolloutRequest) -> list[list[Rollout]]:
+    """The worker's side of ``sync_mode="interrupt"``: :func:`generate_chunk` again and again over the
+    rows not finished yet, until every row has finished or ``request.interrupt_signal`` fires
+    (checked before every chunk, so a request queued behind another returns at once); without a
+    signal, one chunk. Same answer shape as :func:`generate_chunk`: one rollout per row sent, the
+    unfinished ones ``"aborted"`` with the tokens they have so far (possibly none). Chunk ``k`` is
+    seeded ``derive_seed(seed, k)``."""
+    from unirl_lightning.rollout.records import PartialRow
+
+    signal, epoch = request.interrupt_signal, request.interrupt_epoch
+    rows = {(i, p): row for i, group in enumerate(request.partial or []) for p, row in enumerate(group)}
+    done: dict[tuple[int, int], Rollout] = {}
+    for call in range(1 << 30):
+        if not rows or (signal is not None and signal.fired(epoch)) or (signal is None and call == 1):
+            break
+        keys = sorted(rows)
+        indices = sorted({i for i, _ in keys})
+        chunk = dataclasses.replace(
+            request,
+            records=[request.records[i] for i in indices],
+            partial=[[rows[k] for k in keys if k[0] == i] for i in indices],
+            seed=None if request.seed is None else derive_seed(request.seed, call),
+        )
+        answers = [r for group in generate_chunk(engine, chunk) for r in group]
+        for key, rollout in zip([k for i in indices for k in keys if k[0] == i], answers):
+            if rollout.finish_reason == "aborted":
+                rows[key] = PartialRow(
+                    rows[key].sample, rollout.completion_ids, rollout.logprobs, rollout.versions()
+                )
+            else:
+                del rows[key]
+                done[key] = rollout
+    for (index, position), row in rows.items():  # interrupted: what each unfinished row has so far
+        done[index, position] = Rollout(
+            prompt_ids=list(engine.policy.prompt_ids(engine.tokenizer, request.records[index])),
+            completion_ids=list(row.completion_ids),
+            logprobs=list(row.logprobs),
+            token_versions=list(row.token_versions),
+            reward=0.0,
+            finish_reason="aborted",
+            prompt=request.records[index]["prompt"],
+            group_id=index,
+            gen_id=request.gen_id,
+            weight_version=engine.weight_version,
+        )
+    return [[done[i, p] for p in range(len(group))] for i, group in enumerate(request.partial or [])]
 
 
 ENGINE_DEAD_ERRORS = ("EngineDeadError",)

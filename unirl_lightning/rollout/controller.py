@@ -22,6 +22,10 @@ What it guarantees
       insertion order within a version, or returns ``None`` and consumes nothing.
     * ``sync_weights(push)`` pairs the push with the version bump: it refuses while anything is in
       flight, calls ``push(new_version)`` once, and bumps the version only if ``push`` returned.
+    * ``quiesce(interrupt=True)`` / ``resume(max_staleness)`` (``sync_mode="interrupt"``, see
+      :mod:`~unirl_lightning.rollout.interrupts`): interrupted jobs wait out of flight, keeping their
+      gen_id and launch stamp, and come back after the push, or are dropped (``pop_dropped``) when
+      their oldest token would be over the bound.
 
 What raises
     * ``ValueError`` for impossible arguments (``n <= 0``, ``max_inflight <= 0``,
@@ -46,6 +50,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from unirl_lightning.checks import require_at_least
+from unirl_lightning.rollout.interrupts import SuspendedJobs
 
 __all__ = [
     "BatchRolloutController",
@@ -236,6 +241,14 @@ class InflightPool:
             )
         self._jobs[gen_id] = _InflightJob(gen_id, weight_version, pending)
 
+    def jobs(self) -> list[tuple[int, int, GenerationHandle]]:
+        """``(gen_id, launch stamp, handle)`` of every job in flight, oldest first."""
+        return [(job.gen_id, job.weight_version, job.pending) for job in self._jobs.values()]
+
+    def remove(self, gen_id: int) -> None:
+        """Stop tracking ``gen_id`` (an interrupt suspends it); ``KeyError`` if it is not in flight."""
+        del self._jobs[gen_id]
+
     def oldest(self) -> GenerationHandle | None:
         """The pending handle of the oldest job in flight, or ``None`` when nothing is in flight."""
         for job in self._jobs.values():
@@ -342,6 +355,7 @@ class BatchRolloutController:
         self._weight_version = start_weight_version
         self._pool = InflightPool()
         self._buffer = VersionedBuffer()
+        self._suspended = SuspendedJobs()  # interrupted jobs between quiesce and resume
 
     @property
     def weight_version(self) -> int:
@@ -357,6 +371,16 @@ class BatchRolloutController:
     def inflight(self) -> int:
         """Number of launched jobs not yet reaped."""
         return len(self._pool)
+
+    @property
+    def suspended(self) -> int:
+        """Number of interrupted jobs waiting for ``resume`` (not in flight)."""
+        return len(self._suspended)
+
+    @property
+    def interrupted_jobs(self) -> int:
+        """Jobs suspended by an interrupt so far."""
+        return self._suspended.interrupted
 
     @property
     def buffered(self) -> int:
@@ -399,14 +423,34 @@ class BatchRolloutController:
         if pending is not None:
             pending.wait()
 
-    def quiesce(self) -> int:
+    def quiesce(self, interrupt: bool = False) -> int:
         """Wait for and reap every in-flight job in ``gen_id`` order; returns groups inserted.
 
         Call before ``sync_weights`` (and before eval or checkpointing). If a reap fails, the
         failing jobs stay in flight and the first error is raised after the sweep, so a following
-        ``sync_weights`` still refuses.
+        ``sync_weights`` still refuses. ``interrupt=True`` first interrupts every interruptible job
+        (:class:`~unirl_lightning.rollout.interrupts.ChunkedGeneration`: its chunk in flight ends)
+        and moves the unfinished ones out of flight into the suspended map (same gen_id, same
+        stamp) until :meth:`resume`.
         """
+        if interrupt:
+            self._suspended.suspend(self._pool)
         return self._pool.reap_all(self._complete, self._buffer.insert)
+
+    def resume(self, max_staleness: int | None = None) -> int:
+        """Put every suspended job back in flight under the current version (after ``sync_weights``);
+        one whose oldest token is over ``max_staleness`` is dropped (``pop_dropped``). Returns how
+        many were resumed."""
+        return self._suspended.resume(self._pool, self._weight_version, max_staleness)
+
+    def pop_dropped(self) -> list[tuple[int, int]]:
+        """``(gen_id, launch stamp)`` of every suspended job dropped as over-stale since the last call, once."""
+        return self._suspended.pop_dropped()
+
+    def partial_samples(self) -> int:
+        """Unfinished samples holding tokens, in flight or suspended (a checkpoint drops them)."""
+        handles = [h for _, _, h in self._pool.jobs()] + self._suspended.handles()
+        return sum(h.partial_samples() for h in handles if hasattr(h, "partial_samples"))
 
     def drain_freshest(self, n: int, max_staleness: int | None = None) -> list[StampedGroup] | None:
         """Evict groups over the staleness budget, then remove and return the ``n`` freshest.

@@ -105,6 +105,46 @@ def step_stats(
     }
 
 
+def token_version_stats(groups: list[list[Any]], weight_version: int, max_staleness: int) -> dict[str, float]:
+    """Per-token version figures of the samples a step trains: ``rollout/interrupted_samples`` (samples
+    whose tokens span more than one version), ``rollout/token_versions_max_spread`` (the largest
+    ``newest - oldest`` token version of one sample) and ``rollout/token_staleness/<k>`` (the fraction
+    of the step's tokens ``k`` versions old, ``k = 0..max_staleness``). Raises ``RuntimeError`` for a
+    token older than ``max_staleness`` (the controller's eviction makes that impossible).
+
+    >>> from types import SimpleNamespace as Row
+    >>> rows = [Row(versions=lambda: [0, 0, 1]), Row(versions=lambda: [1])]
+    >>> token_version_stats([rows], 1, 1)["rollout/token_staleness/1"]
+    0.5
+    """
+    counts = [0] * (max_staleness + 1)
+    interrupted = spread = 0
+    for group in groups:
+        for rollout in group:
+            versions = rollout.versions() if hasattr(rollout, "versions") else []  # token rollouts only
+            if not versions:
+                continue
+            oldest, newest = min(versions), max(versions)
+            if weight_version - oldest > max_staleness:
+                raise RuntimeError(
+                    f"a sample of gen_id {getattr(rollout, 'gen_id', '?')} holds a token of version {oldest}, "
+                    f"{weight_version - oldest} versions old at version {weight_version}: over max_staleness="
+                    f"{max_staleness}, it must have been evicted"
+                )
+            interrupted += newest > oldest
+            spread = max(spread, newest - oldest)
+            for version in versions:
+                counts[weight_version - version] += 1
+    total = sum(counts)
+    if not total:  # no token rollouts (diffusion)
+        return {}
+    return {
+        "rollout/interrupted_samples": float(interrupted),
+        "rollout/token_versions_max_spread": float(spread),
+        **{f"rollout/token_staleness/{k}": count / total for k, count in enumerate(counts)},
+    }
+
+
 class PromptStream:
     """The prompt batches a loop launches from: one endless pass after another over ``prompts`` (the
     datamodule's train dataloader), relaunches first after a resume, and a position that survives a
@@ -190,6 +230,9 @@ class RolloutLoop:
         extra_stats: more per-step figures for the batch's ``stats`` (e.g. worker restarts).
         filter_groups: drop zero-variance groups and launch replacements (see the module docstring).
         max_filter_launches_per_step: the most replacement requests one step may launch.
+        clock: the monotonic clock the loop measures waits with (``time.perf_counter``; a simulator
+            passes its discrete clock).
+        wall_clock: the clock of the timeline's span ends (``time.time``).
     """
 
     def __init__(
@@ -207,7 +250,11 @@ class RolloutLoop:
         extra_stats: Callable[[], dict[str, float]] | None = None,
         filter_groups: bool = False,
         max_filter_launches_per_step: int = 10,
+        clock: Callable[[], float] = time.perf_counter,
+        wall_clock: Callable[[], float] = time.time,
     ) -> None:
+        self.clock = clock
+        self.wall_clock = wall_clock
         self.prompts = prompts
         self.controller = controller
         self.collate = collate
@@ -229,6 +276,10 @@ class RolloutLoop:
         self.gen_id_offset = 0  # gen_ids used by relaunches after a resume (not counted by the ceiling)
         self.untrained: dict[int, list[dict[str, Any]]] = {}  # gen_id -> prompt records
         self.evicted_groups = 0
+        self.interrupt_dropped = (
+            0  # suspended requests dropped as over-stale at resume (sync_mode="interrupt")
+        )
+        self.resume_dropped_partials = 0  # partial samples a checkpoint resume relaunched from the prompt
         self.recent_evicted_gen_ids: deque[int] = deque(maxlen=1024)  # for inspection; bounded
         self.blocked_s = 0.0  # time the trainer waited on generation since the last batch
         self.generate_s = 0.0  # generation time of the jobs reaped since the last batch
@@ -286,9 +337,9 @@ class RolloutLoop:
             self._count_evicted()
             if drained is not None:
                 break
-            start = time.perf_counter()
+            start = self.clock()
             ctl.wait_oldest()
-            self._blocked(time.perf_counter() - start, "oldest")
+            self._blocked(self.clock() - start, "oldest")
         return self._make_batch(drained)
 
     def _short(self) -> bool:
@@ -317,16 +368,16 @@ class RolloutLoop:
         self.gen_id_offset += 1
 
     def _reap(self) -> None:
-        start = time.perf_counter()
+        start = self.clock()
         self.controller.poll()
-        self._blocked(time.perf_counter() - start, "poll")  # result transfer is not hidden either
+        self._blocked(self.clock() - start, "poll")  # result transfer is not hidden either
 
     def _blocked(self, seconds: float, what: str) -> None:
         """Count ``seconds`` the trainer waited on generation; the timeline gets a ``wait`` span (a
         poll only when it took more than a millisecond: most take microseconds)."""
         self.blocked_s += seconds
         if self.timeline is not None and (what == "oldest" or seconds > 1e-3):
-            end = time.time()
+            end = self.wall_clock()
             self.timeline.span("wait", end - seconds, end, cat="train", on=what)
 
     def _count_evicted(self) -> None:
@@ -334,6 +385,9 @@ class RolloutLoop:
             self.evicted_groups += 1
             self.recent_evicted_gen_ids.append(item.gen_id)
             self.untrained.pop(item.gen_id, None)
+        for gen_id, _ in self.controller.pop_dropped():  # a whole request, never to be trained
+            self.interrupt_dropped += 1
+            self.untrained.pop(gen_id, None)
 
     def complete(self, gen_id: int, weight_version: int, result: dict[str, Any]) -> list[Any]:
         """The controller's ``complete`` hook: stamp every sample with the launch-time version."""
@@ -354,7 +408,7 @@ class RolloutLoop:
         if self.timeline is not None:
             for span in result.get("spans", ()):
                 self.timeline.span(
-                    "generate",
+                    "generate (interrupted)" if span.get("interrupted") else "generate",
                     span["start"],
                     span["end"],
                     cat="rollout",
@@ -363,6 +417,7 @@ class RolloutLoop:
                     weight_version=weight_version,
                     samples=span["samples"],
                     completion_tokens=span["completion_tokens"],
+                    **({"chunk": span["chunk"]} if "chunk" in span else {}),
                 )
         return groups
 
@@ -377,6 +432,16 @@ class RolloutLoop:
                 **step_stats(rewards, self.evicted_groups, self.blocked_s, self.generate_s),
                 **reward_part_means([r for group in groups for r in group]),
                 "rollout/inflight": float(self.controller.inflight),
+                **token_version_stats(groups, self.controller.weight_version, self.max_staleness),
+                **(
+                    {
+                        "rollout/interrupted_jobs": float(self.controller.interrupted_jobs),
+                        "rollout/interrupt_dropped": float(self.interrupt_dropped),
+                        "rollout/resume_dropped_partials": float(self.resume_dropped_partials),
+                    }
+                    if self.controller.interrupted_jobs or self.resume_dropped_partials
+                    else {}
+                ),
                 "perf/score_time_s": self.score_s,
                 **(
                     {
@@ -410,6 +475,10 @@ class RolloutLoop:
             "untrained": [self.untrained[g] for g in sorted(self.untrained)] + list(replay),
             "evicted_groups": self.evicted_groups,
             "filtered_groups": self.filtered_groups,
+            "interrupt_dropped": self.interrupt_dropped,
+            # sync_mode="interrupt": the partial samples in flight are not saved; a resume relaunches
+            # their requests from the prompt (in "untrained") and counts the partials it dropped
+            "resume_dropped_partials": self.resume_dropped_partials + self.controller.partial_samples(),
         }
 
     def load_loop_state(self, state: dict[str, Any]) -> None:
@@ -419,3 +488,5 @@ class RolloutLoop:
         self.gen_id_offset = state.get("gen_id_offset", 0) + len(self.stream.replay)
         self.evicted_groups = state["evicted_groups"]
         self.filtered_groups = state.get("filtered_groups", 0)
+        self.interrupt_dropped = state.get("interrupt_dropped", 0)
+        self.resume_dropped_partials = state.get("resume_dropped_partials", 0)

@@ -95,20 +95,62 @@ class SamplingParams:
 
 
 @dataclass
+class PartialRow:
+    """One sample generated in chunks (``sync_mode="interrupt"``): what it has so far.
+
+    ``sample`` is its index among the ``n`` samples of its prompt record; ``completion_ids``,
+    ``logprobs`` (the behaviour log-prob of each token) and ``token_versions`` (the weight version
+    that generated each token) are aligned one entry per token. An empty row is a fresh sample.
+    """
+
+    sample: int
+    completion_ids: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    token_versions: list[int] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        if not len(self.completion_ids) == len(self.logprobs) == len(self.token_versions):
+            raise ValueError(
+                f"a PartialRow needs one log-prob and one version per token: {len(self.completion_ids)} "
+                f"tokens, {len(self.logprobs)} log-probs, {len(self.token_versions)} versions"
+            )
+
+
+@dataclass
 class RolloutRequest:
     """One launch: ``n`` samples for each prompt record (one group per record).
 
     ``seed`` (None = unseeded) is the root of every seed the launch uses (see :func:`derive_seed`):
-    the training loop's request ``gen_id`` of rank ``r`` has ``derive_seed(seed, r, gen_id)``."""
+    the training loop's request ``gen_id`` of rank ``r`` has ``derive_seed(seed, r, gen_id)``.
+
+    A *chunk* of an interruptible generation (``chunk_tokens`` set) generates only the rows in
+    ``partial`` (one list per record, aligned with ``records``), each continued from prompt + its
+    partial completion ``chunk_tokens`` new tokens at a time; the worker answers one group per
+    record with one rollout per row, in row order, a row that is not finished yet with
+    ``finish_reason="aborted"`` (see :func:`unirl_lightning.engines.base.generate_chunks`)."""
 
     records: list[dict[str, Any]]
     n: int
     sampling: SamplingParams = field(default_factory=SamplingParams)
     seed: int | None = None
     gen_id: int = -1
+    chunk_tokens: int | None = None
+    partial: list[list[PartialRow]] | None = None
+    # chunk requests: the worker goes on chunk after chunk until every row finished or the signal
+    # (``fired(epoch)``, e.g. :class:`~unirl_lightning.workers.signal.InterruptSignal`) says a sync
+    # interrupts the requests launched at ``interrupt_epoch``; None = one chunk per call
+    interrupt_signal: Any = None
+    interrupt_epoch: int = 0
 
     def __post_init__(self) -> None:
         require_at_least("n", self.n, 1)
+        if self.chunk_tokens is not None:
+            require_at_least("chunk_tokens", self.chunk_tokens, 1)
+        if self.partial is not None and len(self.partial) != len(self.records):
+            raise ValueError(
+                f"a chunk request needs one row list per record: {len(self.records)} records, "
+                f"{len(self.partial)} row lists"
+            )
 
     def split(self, parts: int) -> list[RolloutRequest]:
         """Split the records into at most ``parts`` contiguous, non-empty requests (groups never
@@ -118,6 +160,7 @@ class RolloutRequest:
             replace(
                 self,
                 records=self.records[start : start + size],
+                partial=None if self.partial is None else self.partial[start : start + size],
                 seed=None if self.seed is None else derive_seed(self.seed, part),
             )
             for part, start in enumerate(range(0, len(self.records), size))
@@ -142,8 +185,16 @@ class Rollout:
     loss_mask: list[int] | None = None
     # each reward function's own score (unweighted; a "no opinion" None is left out), by name
     reward_parts: dict[str, float] = field(default_factory=dict)
+    # the weight version that generated each completion token (sync_mode="interrupt": a sample may
+    # span versions); None = every token by ``weight_version``
+    token_versions: list[int] | None = None
 
     def __post_init__(self) -> None:
+        if self.token_versions is not None and len(self.token_versions) != len(self.completion_ids):
+            raise ValueError(
+                f"a Rollout's token_versions needs one entry per completion token: {len(self.completion_ids)} "
+                f"tokens, {len(self.token_versions)} versions"
+            )
         if len(self.logprobs) != len(self.completion_ids):
             raise ValueError(
                 f"a Rollout needs one log-prob per completion token: {len(self.completion_ids)} tokens, "
@@ -159,6 +210,12 @@ class Rollout:
     def reward_input(self) -> str:
         """What a reward scores: the decoded completion."""
         return self.text
+
+    def versions(self) -> list[int]:
+        """The weight version of every completion token (``token_versions``, else ``weight_version``)."""
+        if self.token_versions is not None:
+            return list(self.token_versions)
+        return [self.weight_version] * len(self.completion_ids)
 
     @staticmethod
     def reward_columns(rollouts: list[Rollout]) -> dict[str, list[Any]]:

@@ -31,6 +31,7 @@ from typing import Any, ClassVar, Literal
 
 from unirl_lightning.checks import require_at_least, require_choice, require_positive
 from unirl_lightning.engines import EngineConfig, check_engine_name, resolve_engine
+from unirl_lightning.preflight import interrupt_placement_error
 from unirl_lightning.seeding import global_seed, rank_seed
 from unirl_lightning.timeline import Timeline
 
@@ -52,9 +53,14 @@ Placement = Literal["separate", "colocate"]
 WorkerLayout = Literal["actor", "per_gpu"]
 
 
-def check_rollout_settings(placement: str, max_staleness: int, max_inflight: int) -> None:
+def check_rollout_settings(
+    placement: str, max_staleness: int, max_inflight: int, sync_mode: str = "quiesce"
+) -> None:
     """The rules between rollout settings, checked once (the strategy and the CLI call this)."""
     require_choice("placement", placement, Placement)
+    error = interrupt_placement_error(sync_mode, placement)
+    if error is not None:
+        raise ValueError(error)
     require_at_least("max_staleness", max_staleness, 0)
     require_at_least("max_inflight", max_inflight, 1)
     if placement == "colocate" and (max_staleness > 0 or max_inflight > 1):
@@ -116,13 +122,16 @@ class RolloutSettings:
     worker_layout: str = "actor"
     offload_optimizer: bool = False
     reward_workers: RewardWorkers | None = None  # None: the rollout workers score
+    sync_mode: str = "quiesce"
+    interrupt_chunk_tokens: int = 32
 
     def __post_init__(self) -> None:
         if self.seed is None:
             object.__setattr__(self, "seed", global_seed())
         if isinstance(self.reward_workers, dict):  # a Python caller's plain dict
             object.__setattr__(self, "reward_workers", RewardWorkers(**self.reward_workers))
-        check_rollout_settings(self.placement, self.max_staleness, self.max_inflight)
+        check_rollout_settings(self.placement, self.max_staleness, self.max_inflight, self.sync_mode)
+        require_at_least("interrupt_chunk_tokens", self.interrupt_chunk_tokens, 1)
         if self.offload_optimizer and self.placement != "colocate":
             raise ValueError(
                 "offload_optimizer=True moves the optimizer state to the host while colocated engines "
@@ -491,7 +500,7 @@ class RolloutRuntime:
         ctl = self.controller
         start = time.perf_counter()
         with self.timeline.measure("sync/quiesce", cat="sync", version=ctl.weight_version):
-            ctl.quiesce()
+            self._quiesce(ctl)
         quiesce_s = time.perf_counter() - start
         if self.loop is not None:
             self.loop.blocked_s += quiesce_s  # generation the trainer waited for was not hidden
@@ -514,12 +523,20 @@ class RolloutRuntime:
             stats.update(time_s=result.time_s, bytes=result.bytes)
 
         version = ctl.sync_weights(push)
+        self._after_push(ctl)
         return {
             "sync/time_s": stats["time_s"],
             "sync/bytes": float(stats["bytes"]),
             "sync/quiesce_s": quiesce_s,
             "sync/weight_version": float(version),
         }
+
+    def _quiesce(self, controller: Any) -> None:
+        """Empty the in-flight pool before a push (a family that interrupts overrides it)."""
+        controller.quiesce()
+
+    def _after_push(self, controller: Any) -> None:
+        """Run right after the push advanced the version (resume what ``_quiesce`` interrupted)."""
 
     @property
     def weight_version(self) -> int:

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from unirl_lightning.rollout.controller import BatchRolloutController
+from unirl_lightning.rollout.interrupts import chunked_launch
 from unirl_lightning.rollout.loop import RolloutLoop, RolloutOrder
 from unirl_lightning.rollout.records import RolloutRequest
 from unirl_lightning.runtime.base import RolloutRuntime
@@ -54,7 +55,19 @@ class BatchRuntime(RolloutRuntime):
     def scheduling(self) -> Scheduling:
         return SCHEDULING[self.spec.family]
 
+    signal: Any = None  # sync_mode="interrupt": the InterruptSignal of the requests in flight
+
+    @property
+    def interrupts(self) -> bool:
+        """``sync_mode="interrupt"``: requests run in chunks and a sync interrupts and resumes them."""
+        return self.settings.sync_mode == "interrupt"
+
     def check(self) -> None:
+        if self.interrupts and self.spec.family != "token":
+            raise ValueError(
+                f"sync_mode='interrupt' continues token completions from their partial ids, and a "
+                f"{self.spec.family} policy has none: use sync_mode='quiesce' (or an LLM module)"
+            )
         cap, max_inflight = self.scheduling.max_inflight, self.settings.max_inflight
         if cap is not None and max_inflight > cap:
             raise ValueError(
@@ -63,12 +76,26 @@ class BatchRuntime(RolloutRuntime):
             )
 
     def _make_controller(self, state: dict[str, Any]) -> BatchRolloutController:
+        launch = self.workers.generate
+        if self.interrupts:
+            from unirl_lightning.workers.signal import InterruptSignal
+
+            if self.signal is None:
+                self.signal = InterruptSignal.create()
+            launch = chunked_launch(launch, self.settings.interrupt_chunk_tokens, self.signal)
         return BatchRolloutController(
-            self.workers.generate,
+            launch,
             complete=lambda gen_id, version, result: self.loop.complete(gen_id, version, result),
             start_gen_id=state.get("next_gen_id", 0),
             start_weight_version=state.get("weight_version", 0),
         )
+
+    def _quiesce(self, controller: BatchRolloutController) -> None:
+        controller.quiesce(interrupt=self.interrupts)
+
+    def _after_push(self, controller: BatchRolloutController) -> None:
+        if self.interrupts:  # interrupted requests go on with the new weights (or are dropped as stale)
+            controller.resume(self.settings.max_staleness)
 
     def make_loop(self, dataloader: Any, sync_interval: int) -> RolloutLoop:
         spec, settings = self.spec, self.settings
@@ -101,6 +128,12 @@ class BatchRuntime(RolloutRuntime):
     def evaluate(self, records: list[dict[str, Any]], sampling: Any, n: int, seed: int) -> list[list[Any]]:
         request = RolloutRequest(records=records, n=n, sampling=sampling, seed=seed, gen_id=-1)
         return self.workers.generate(request).result()["groups"]
+
+    def shutdown(self) -> None:
+        super().shutdown()
+        if self.signal is not None:
+            self.signal.close()
+            self.signal = None
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         super().load_state_dict(state)

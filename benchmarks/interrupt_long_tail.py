@@ -1,0 +1,201 @@
+"""Async quiesce vs async interrupt vs sync on a long-tail length workload (tiny model, CPU).
+
+    python benchmarks/interrupt_long_tail.py [--rounds 3] [--steps 12] [--max-new-tokens 64]
+
+The workload: the tiny random-init Llama's character vocabulary has 21 tokens and EOS is one of
+them, so an untrained policy stops with probability ~1/21 per token: completion lengths are
+geometric (median ~13 tokens) and ~4% of the samples run into ``max_new_tokens=64``. With 128 rows
+per request, every request has a few; an HF ``generate`` call lasts as long as its longest row.
+
+Modes (one rollout worker, one torch thread each side): ``sync`` (``max_staleness=0,
+max_inflight=1``), ``async_quiesce`` (``max_staleness=1, max_inflight=2``, the sync waits for the
+request in flight) and ``async_interrupt`` (the same with ``sync_mode="interrupt"``,
+``interrupt_chunk_tokens`` per chunk). The modes are interleaved round by round (mode order
+rotated), so a load change on the shared machine hits all of them. Per run: trained completion
+tokens per second after the warm-up, ``sync/quiesce_s``, the fraction of trained tokens at each
+staleness, and the held-out accuracy (``eval/accuracy`` on 16 prompts) at the last step. Prints a
+table of medians and writes benchmarks/results/interrupt_long_tail.json (every run, and the phase
+costs the simulator calibrates against).
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from typing import Any
+
+import common
+import torch
+from lightning.pytorch import Callback, Trainer, seed_everything
+
+from unirl_lightning import AsyncRolloutStrategy, GRPOModule, PromptDataModule, TinyCausalLM
+from unirl_lightning.callbacks import RolloutEvalCallback, WeightSyncCallback
+from unirl_lightning.rewards import ExactMatchReward
+
+MODES = {
+    "sync": dict(max_staleness=0, max_inflight=1),
+    "async_quiesce": dict(max_staleness=1, max_inflight=2),
+    "async_interrupt": dict(max_staleness=1, max_inflight=2, sync_mode="interrupt"),
+}
+
+
+class Meter(Callback):
+    """Trained tokens, step metrics and sync figures of every step after the warm-up."""
+
+    def __init__(self, warmup: int) -> None:
+        self.warmup = warmup
+        self.start: float | None = None
+        self.end = 0.0
+        self.tokens = 0
+        self.lengths: list[int] = []
+        self.steps: list[dict[str, float]] = []
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+        if batch_idx == self.warmup:
+            self.start = time.perf_counter()
+        if batch_idx >= self.warmup:
+            lengths = batch.response_mask.sum(dim=1).tolist()
+            self.tokens += int(sum(lengths))
+            self.lengths += [int(n) for n in lengths]
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        self.end = time.perf_counter()
+        if batch_idx >= self.warmup:
+            metrics = {k: float(v) for k, v in trainer.callback_metrics.items()}
+            metrics.update(pl_module.last_logged_metrics)
+            metrics.update(trainer.strategy.last_sync)
+            self.steps.append(metrics)
+
+
+def run_mode(mode: str, config: dict[str, Any]) -> dict[str, Any]:
+    seed_everything(0)
+    meter = Meter(config["warmup"])
+    strategy = AsyncRolloutStrategy(**MODES[mode], interrupt_chunk_tokens=config["chunk"])
+    module = GRPOModule(
+        policy=TinyCausalLM(
+            hidden_size=config["hidden"],
+            num_layers=config["layers"],
+            num_heads=4,
+            intermediate_size=2 * config["hidden"],
+            max_position_embeddings=128,
+        ),
+        reward=ExactMatchReward(),
+        num_generations=config["group"],
+        max_new_tokens=config["max_new_tokens"],
+        lr=3e-3,
+    )
+    steps = config["steps"] + config["warmup"]
+    trainer = Trainer(
+        strategy=strategy,
+        max_steps=steps,
+        callbacks=[WeightSyncCallback(), meter, RolloutEvalCallback(every_n_steps=steps, num_prompts=16)],
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+    )
+    data = PromptDataModule(train="digit_successor", batch_size=config["batch"], num_val_prompts=16)
+    trainer.fit(module, datamodule=data)
+    interrupted = getattr(strategy.runtime.controller, "interrupted_jobs", 0)
+    strategy.shutdown()
+    m = meter.steps
+
+    def mean(key: str) -> float:
+        return sum(s.get(key, 0.0) for s in m) / len(m)
+
+    staleness = {
+        str(k): sum(s.get(f"rollout/token_staleness/{k}", 0.0) for s in m) / len(m) for k in range(2)
+    }
+    return {
+        "mode": mode,
+        "steps": len(m),
+        "tokens_per_s": meter.tokens / (meter.end - meter.start),
+        "steps_per_s": len(m) / (meter.end - meter.start),
+        "quiesce_s": mean("sync/quiesce_s"),
+        "push_s": mean("sync/time_s"),
+        "generate_s": mean("perf/generate_time_s"),
+        "train_s": mean("perf/train_time_s"),
+        "wait_s": mean("perf/wait_time_s"),
+        "token_staleness": staleness,
+        "interrupted_samples_per_step": mean("rollout/interrupted_samples"),
+        "interrupted_jobs": interrupted,
+        "eval_accuracy": float(m[-1].get("eval/accuracy", float("nan"))),
+        "completion_len_mean": sum(meter.lengths) / len(meter.lengths),
+        "completion_len_p50": statistics.median(meter.lengths),
+        "at_max_new_tokens": sum(n >= config["max_new_tokens"] for n in meter.lengths) / len(meter.lengths),
+        "completion_lengths": meter.lengths,
+    }
+
+
+def run(config: dict[str, Any]) -> dict[str, Any]:
+    torch.set_num_threads(1)
+    runs: list[dict[str, Any]] = []
+    modes = list(MODES)
+    for round_ in range(config["rounds"]):
+        for mode in modes[round_ % 3 :] + modes[: round_ % 3]:  # rotated: no mode always runs first
+            result = run_mode(mode, config)
+            result["round"] = round_
+            runs.append(result)
+            print(
+                f"round {round_} {mode:<16} {result['tokens_per_s']:>8.1f} tok/s  quiesce "
+                f"{result['quiesce_s']:.3f} s  stale1 {result['token_staleness']['1']:.3f}",
+                flush=True,
+            )
+    medians: dict[str, dict[str, float]] = {}
+    for mode in MODES:
+        mine = [r for r in runs if r["mode"] == mode]
+        medians[mode] = {
+            key: statistics.median(r[key] for r in mine)
+            for key in (
+                "tokens_per_s",
+                "steps_per_s",
+                "quiesce_s",
+                "push_s",
+                "generate_s",
+                "train_s",
+                "wait_s",
+                "eval_accuracy",
+            )
+        }
+        medians[mode]["token_staleness_1"] = statistics.median(r["token_staleness"]["1"] for r in mine)
+        medians[mode]["interrupted_samples_per_step"] = statistics.median(
+            r["interrupted_samples_per_step"] for r in mine
+        )
+    sync = medians["sync"]["tokens_per_s"]
+    summary = {
+        "async_quiesce_over_sync": round(medians["async_quiesce"]["tokens_per_s"] / sync, 3),
+        "async_interrupt_over_sync": round(medians["async_interrupt"]["tokens_per_s"] / sync, 3),
+        "interrupt_over_quiesce": round(
+            medians["async_interrupt"]["tokens_per_s"] / medians["async_quiesce"]["tokens_per_s"], 3
+        ),
+        "medians": medians,
+        "config": config | {"out": None},
+    }
+    return {"summary": summary, "runs": runs}
+
+
+def main() -> None:
+    parser = common.script_parser(__doc__)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--steps", type=int, default=12)
+    parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument("--hidden", type=int, default=64)
+    parser.add_argument("--layers", type=int, default=2)
+    parser.add_argument("--max-new-tokens", type=int, default=64)
+    parser.add_argument("--chunk", type=int, default=8, help="interrupt_chunk_tokens")
+    parser.add_argument("--batch", type=int, default=16, help="prompts per step")
+    parser.add_argument("--group", type=int, default=8, help="samples per prompt")
+    parser.add_argument("--out", default=str(common.results_path("interrupt_long_tail")))
+    config = common.parse_config(parser)
+    record = run(config)
+    print(f"{'mode':<16} {'tok/s':>8} {'quiesce s':>10} {'push s':>7} {'stale-1 tokens':>15} {'eval acc':>9}")
+    for mode, r in record["summary"]["medians"].items():
+        print(
+            f"{mode:<16} {r['tokens_per_s']:>8.1f} {r['quiesce_s']:>10.3f} {r['push_s']:>7.3f} "
+            f"{r['token_staleness_1']:>15.3f} {r['eval_accuracy']:>9.3f}"
+        )
+    common.finish(record, config["out"], {k: v for k, v in record["summary"].items() if k != "medians"})
+
+
+if __name__ == "__main__":
+    main()
