@@ -42,6 +42,10 @@ CASES = [
     ),
     ("--model.init_args.warmup_steps=-1", "model.init_args.warmup_steps must be >= 0, got -1"),
     (
+        "--data.init_args.max_prompt_length=0",
+        "data.init_args.max_prompt_length: PromptDataModule max_prompt_length=0 is invalid",
+    ),
+    (
         "--model.init_args.lr_schedule=cos",
         "model.init_args.lr_schedule: Expected a typing.Literal['constant', 'linear', 'cosine']",
     ),
