@@ -3,8 +3,9 @@
 The module says *what* is learned (its :class:`~unirl_lightning.modules.base.RolloutSpec`); the
 strategy says *where and how* it runs (engine, Ray workers and their placement, weight transport). The
 rollout side is the module family's :class:`~unirl_lightning.runtime.RolloutRuntime`, built once and
-kept across ``fit``/``validate`` calls; the strategy holds Lightning's hooks, the Ray connection and
-the sync verb, and branches on no family. ``process_dataloader`` swaps in the runtime's loop.
+kept across ``fit``/``validate`` calls; the strategy holds Lightning's hooks and the sync verb, and
+branches on no family nor placement: the placement's worker group class (Ray actors, or the hybrid
+engine in this process) owns the connection its workers need (Ray's, for Ray workers). ``process_dataloader`` swaps in the runtime's loop.
 
 Guarantees: ``max_staleness=0, max_inflight=1`` is synchronous on-policy training; no trained sample
 is older than ``max_staleness`` versions; weights are pushed only while nothing is in flight; evaluation
@@ -13,7 +14,7 @@ Workers are shut down on error, Ctrl-C, ``shutdown`` and exit. Callbacks depend 
 the reverse. Only Lightning's public API is used.
 
 Several ranks (DDP, FSDP): each drives its own runtime, workers and share of the prompts; rank 0 starts
-(or joins) Ray, the others join it. A sync is collective: every rank quiesces, pushes the full weights to
+(or joins) Ray, the others join it (``placement="hybrid"``: each rank has its engine in its own process). A sync is collective: every rank quiesces, pushes the full weights to
 its workers, advances the same version at the same RL step, and a barrier ends it (a resume: same ranks).
 """
 
@@ -21,7 +22,6 @@ from __future__ import annotations
 
 import _thread
 import logging
-import math
 import os
 import shutil
 import sys
@@ -45,7 +45,7 @@ from unirl_lightning.checkpoint_io import AtomicCheckpointIO
 from unirl_lightning.checks import require_positive
 from unirl_lightning.cli_types import NonNegativeInt, PositiveInt
 from unirl_lightning.engines import EngineConfig, EngineName
-from unirl_lightning.preflight import sync_replacement_error
+from unirl_lightning.preflight import sync_replacement_error, weight_sync_placement_error
 from unirl_lightning.rollout.loop import DeferredBatch
 from unirl_lightning.runtime import (
     Placement,
@@ -54,7 +54,7 @@ from unirl_lightning.runtime import (
     rank_share,
     runtime_for,
 )
-from unirl_lightning.weight_sync import CollectiveWeightSync, WeightSync, WeightSyncName, resolve_weight_sync
+from unirl_lightning.weight_sync import WeightSync, WeightSyncName, resolve_weight_sync, weight_sync_kind
 
 log = logging.getLogger(__name__)
 
@@ -78,10 +78,14 @@ class RolloutStrategyMixin:
             the GPUs the training ranks leave; vLLM's ``tensor_parallel_size`` follows the GPUs).
         worker_resources: more Ray resources per worker: ``{"rollout_node": 1}``, ``{"node:<ip>": 0.01}``.
         worker_layout: a GPU worker's placement group: ``"actor"`` (one bundle) or ``"per_gpu"`` (one a GPU).
-        placement: ``"separate"`` (generators on their own devices; required for async) or
-            ``"colocate"`` (engines sleep while the trainer runs; synchronous only).
+        placement: ``"separate"`` (Ray workers on their own devices; required for async),
+            ``"colocate"`` (Ray workers on the trainer's device, asleep while it trains; synchronous
+            only) or ``"hybrid"`` (one engine inside each training process, on its device, no Ray;
+            synchronous only, ``num_workers=1``).
         offload_optimizer: ``"colocate"`` only: the optimizer state goes to the host while engines wake.
-        weight_sync: ``"object_store"`` (default), ``"collective"`` or a ``WeightSync`` instance.
+        weight_sync: ``"auto"`` (the placement's: ``"inprocess"`` for hybrid, else ``"object_store"``),
+            ``"object_store"``, ``"collective"`` (Ray workers), ``"inprocess"`` (hybrid only: the
+            engine reads the trainer's tensors, or a cast copy) or a ``WeightSync`` instance.
         seed: base seed of the rollout (None = ``seed_everything``'s seed, else 0): every seed is a hash
             of it (request ``g`` of rank ``r``: ``derive_seed(seed, r, g)``): no two requests share one.
         trainer_threads: torch threads of each training process on CPU. None = the CPU rule
@@ -105,7 +109,7 @@ class RolloutStrategyMixin:
         num_cpus_per_worker: float = 1,
         num_gpus_per_worker: float = 0,
         placement: Placement = "separate",
-        weight_sync: WeightSyncName | WeightSync = "object_store",
+        weight_sync: WeightSyncName | WeightSync = "auto",
         seed: int | None = None,
         trainer_threads: PositiveInt | None = None,
         generation_timeout_s: float = 600.0,
@@ -133,7 +137,11 @@ class RolloutStrategyMixin:
             worker_layout=worker_layout,
             offload_optimizer=offload_optimizer,
         )
-        self.weight_sync: WeightSync = resolve_weight_sync(weight_sync)
+        kind = weight_sync if isinstance(weight_sync, str) else weight_sync_kind(weight_sync)
+        error = weight_sync_placement_error(placement, kind)
+        if error is not None:
+            raise ValueError(error)
+        self.weight_sync: WeightSync = resolve_weight_sync(weight_sync, placement)
         self.sync_interval: int | None = None  # handed over by WeightSyncCallback.setup
         self.runtime: RolloutRuntime | None = None
         self._pending_state: dict[str, Any] | None = None  # a checkpoint's, loaded before setup
@@ -160,9 +168,14 @@ class RolloutStrategyMixin:
             ).start()
         if self.runtime is None:
             self.preflight(trainer.world_size)  # before Ray and any worker start
-            self._connect_ray(trainer.world_size)
+            self._connect(trainer.world_size)
             spec = trainer.lightning_module.rollout_spec()
-            settings = replace(self.rollout, rank=self.global_rank, worker_threads=threads["worker"])
+            settings = replace(
+                self.rollout,
+                rank=self.global_rank,
+                worker_threads=threads["worker"],
+                sync_interval=self.sync_interval or 1,  # WeightSyncCallback.setup ran before this hook
+            )
             self.runtime = runtime_for(spec)(spec, settings, self.weight_sync, self._pending_state)
             self._pending_state = None
             runtime = self.runtime  # placement.json and the table before the first push; overlaps fail
@@ -177,21 +190,24 @@ class RolloutStrategyMixin:
     def preflight(self, world_size: int) -> None:
         """The setup rules of :mod:`unirl_lightning.preflight` that read the strategy alone, checked on every
         rank at the same point (so every rank refuses together), before any worker starts."""
-        kind = "collective" if isinstance(self.weight_sync, CollectiveWeightSync) else "other"
+        kind = weight_sync_kind(self.weight_sync)
         error = sync_replacement_error(kind, self.shards_model, world_size, self.rollout.max_worker_restarts)
         if error is not None:
             raise ValueError(error)
 
-    def _connect_ray(self, world_size: int) -> None:
-        """One Ray for every rank: rank 0 starts (or joins ``RAY_ADDRESS``) it, the others join it. A Ray
-        it starts sees only the GPUs the training ranks leave (all of them under ``"colocate"``)."""
-        from unirl_lightning.workers.cluster import connect_ranks
+    @property
+    def worker_group_class(self) -> type:
+        """The worker group class of this strategy's placement (imported on first use: a hybrid run
+        never imports Ray)."""
+        from unirl_lightning.workers.factory import worker_group_class
 
-        r, workers = self.rollout, world_size * self.rollout.num_workers
+        return worker_group_class(self.rollout.placement)
+
+    def _connect(self, world_size: int) -> None:
+        """What the workers of every rank share, through the placement's group class (a collective:
+        Ray's group has rank 0 start or join Ray and the others join it; the hybrid group, nothing)."""
         held = getattr(self, "parallel_devices", None) or [self.root_device]
-        devices = [] if r.placement == "colocate" else held  # colocate: engines share the trainer's GPU
-        cpus, gpus = math.ceil(workers * r.num_cpus_per_worker), workers * r.num_gpus_per_worker
-        connect_ranks(self.global_rank, cpus, self.broadcast, devices, gpus)
+        self.worker_group_class.connect(self.global_rank, world_size, self.rollout, held, self.broadcast)
 
     # -- read by callbacks ------------------------------------------------------------------------
     @property
@@ -319,12 +335,9 @@ class RolloutStrategyMixin:
             self.cross_rank_abort.stop()
             self.cross_rank_abort = None
         if self.world_size > 1 and not self.failed and self.runtime is not None:
-            import ray
-
             self.barrier("rollout teardown")
             self.shutdown()
-            if self.global_rank != 0 and ray.is_initialized():
-                ray.shutdown()
+            self.worker_group_class.leave(self.global_rank)
             self.barrier("rollout teardown: joined ranks left Ray")
         super().teardown()
 
@@ -349,13 +362,11 @@ class RolloutStrategyMixin:
 
     def shutdown(self) -> None:
         """Kill the workers (and the local Ray this run started). Safe to call twice."""
-        from unirl_lightning.workers import shutdown_ray_if_owned
-
         if self.runtime is not None:
             self.runtime.shutdown()
         self.runtime = None
         self.weight_sync.close()
-        shutdown_ray_if_owned()
+        self.worker_group_class.release()
 
 
 class AsyncRolloutStrategy(RolloutStrategyMixin, SingleDeviceStrategy):

@@ -29,6 +29,14 @@ class AgenticRuntime(RolloutRuntime):
         super().__init__(spec, settings, weight_sync, state)
         self.episodes: WorkerEpisodeCoordinator | None = None
 
+    def check(self) -> None:
+        if self.settings.in_process:
+            raise ValueError(
+                f"placement={self.settings.placement!r} is not available to agentic modules: their episode "
+                "coordinators run inside Ray workers (threads of turns across environments); use "
+                "placement='colocate' (synchronous, the trainer's device) or 'separate'"
+            )
+
     def actor_class(self) -> type:
         return AgenticRolloutWorker
 
