@@ -31,7 +31,11 @@ from typing import Any, ClassVar, Literal
 
 from unirl_lightning.checks import require_at_least, require_choice, require_positive
 from unirl_lightning.engines import EngineConfig, check_engine_name, resolve_engine
-from unirl_lightning.preflight import IN_PROCESS_PLACEMENTS, SHARED_DEVICE_PLACEMENTS, placement_schedule_error
+from unirl_lightning.preflight import (
+    IN_PROCESS_PLACEMENTS,
+    SHARED_DEVICE_PLACEMENTS,
+    placement_schedule_error,
+)
 from unirl_lightning.seeding import global_seed, rank_seed
 from unirl_lightning.timeline import Timeline
 

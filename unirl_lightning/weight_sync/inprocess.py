@@ -30,7 +30,13 @@ import torch
 from unirl_lightning.checks import require_positive
 from unirl_lightning.lora import is_lora_push
 from unirl_lightning.sharding import full_tensor, is_sharded
-from unirl_lightning.weight_sync.base import PushTargets, SyncStats, serving_dtype, tensor_bytes, weight_tensors
+from unirl_lightning.weight_sync.base import (
+    PushTargets,
+    SyncStats,
+    serving_dtype,
+    tensor_bytes,
+    weight_tensors,
+)
 from unirl_lightning.weight_sync.buckets import cast_floating, weight_buckets
 
 __all__ = ["InProcessWeightSync"]

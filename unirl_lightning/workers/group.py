@@ -249,4 +249,3 @@ class RolloutWorkerGroup:
         self.workers = []
         if getattr(self, "_placement", None) is not None:
             self._placement.remove()
-
