@@ -110,13 +110,16 @@ def load_named_weights(
             params[name].copy_(tensor.to(params[name].device, params[name].dtype))
 
 
-def share_named_weights(model: torch.nn.Module, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> int:
+def share_named_weights(
+    model: torch.nn.Module, named_tensors: Iterable[tuple[str, torch.Tensor]]
+) -> tuple[int, int]:
     """Give an in-process engine's ``model`` the trainer's tensors (full weights, by name): each
     parameter of the same dtype, device and shape takes the trainer's tensor itself (the two share
-    storage: no copy), every other one is copied in place, cast. Returns the bytes copied. The
-    caller guarantees the engine only reads them, and only while the trainer does not write them."""
+    storage: no copy), every other one is copied in place, cast. Returns ``(bytes copied, tensors
+    shared)``. The caller guarantees the engine only reads them, and only while the trainer does not
+    write them."""
     params = model.state_dict(keep_vars=True)  # every name, tied aliases included
-    copied = 0
+    copied = shared = 0
     with torch.no_grad():
         for name, tensor in named_tensors:
             if name not in params:
@@ -124,10 +127,11 @@ def share_named_weights(model: torch.nn.Module, named_tensors: Iterable[tuple[st
             target = params[name]
             if (target.dtype, target.device, target.shape) == (tensor.dtype, tensor.device, tensor.shape):
                 target.data = tensor.detach()
+                shared += 1
             else:
                 target.copy_(tensor.to(target.device, target.dtype))
                 copied += target.numel() * target.element_size()
-    return copied
+    return copied, shared
 
 
 def is_lora_push(items: list[tuple[str, torch.Tensor]]) -> bool:

@@ -125,8 +125,8 @@ class HFEngine(InPlaceBucketLoading):  # a streamed push is loaded bucket by buc
             load_named_weights(self.model, named, self.lora)
             copied = sum(t.numel() * t.element_size() for _, t in named)
         else:
-            copied = share_named_weights(self.model, named)
-            self.shares_trainer_weights = copied < sum(t.numel() * t.element_size() for _, t in named)
+            copied, shared = share_named_weights(self.model, named)
+            self.shares_trainer_weights = shared > 0
         self.weight_version = weight_version
         return copied
 
