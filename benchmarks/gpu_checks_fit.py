@@ -146,10 +146,10 @@ def check_real_size(record: dict, smoke: Any) -> None:
     training step (fwd+bwd+AdamW, micro-batches of ``micro_batch_tokens``, activation checkpointing),
     its tokens/s and peak memory next to ``plan``'s estimate for the same shapes and settings."""
     import torch
+    from gpu_checks_train import smoke_module
     from lightning.pytorch import Trainer
     from torch.utils.data import DataLoader
 
-    from gpu_checks_train import smoke_module
     from unirl_lightning.engines.hf import HFEngine, HFEngineConfig
     from unirl_lightning.plan import Cluster, ModelShape, plan_recipe
     from unirl_lightning.rollout.records import SamplingParams
@@ -161,7 +161,9 @@ def check_real_size(record: dict, smoke: Any) -> None:
     vocab = int(config["vocab_size"])
     engine = HFEngine(HFEngineConfig(device=str(smoke.device), num_threads=None), spec, None)
     g = torch.Generator().manual_seed(1)
-    prompts = [torch.randint(3, vocab, (sizes["prompt"],), generator=g).tolist() for _ in range(sizes["rows"])]
+    prompts = [
+        torch.randint(3, vocab, (sizes["prompt"],), generator=g).tolist() for _ in range(sizes["rows"])
+    ]
     sampling = SamplingParams(temperature=1.0, max_new_tokens=sizes["new"])
     engine.generate_ids(prompts[:2], SamplingParams(max_new_tokens=2), seed=0)  # warm-up
     if cuda:
