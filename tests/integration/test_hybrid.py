@@ -166,3 +166,25 @@ def test_smollm2_hybrid_is_on_policy(tmp_path):
         assert_on_policy(recorder.steps)
     finally:
         strategy.shutdown()
+
+
+def test_the_package_the_modules_the_cli_and_the_hybrid_group_import_with_ray_blocked(tmp_path):
+    """What a hybrid ``fit``, ``export`` and ``plan`` import, in a process where ``import ray`` fails;
+    ``ray`` is not even asked for."""
+    env = dict(
+        os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
+    )
+    code = (
+        "import unirl_lightning, unirl_lightning.modules, unirl_lightning.callbacks, unirl_lightning.cli, "
+        "unirl_lightning.export, unirl_lightning.plan, unirl_lightning.workers, unirl_lightning.weight_sync\n"
+        "from unirl_lightning.workers.factory import worker_group_class\n"
+        "worker_group_class('hybrid')\n"
+        "from unirl_lightning import AsyncRolloutStrategy, GRPOModule\n"
+        "AsyncRolloutStrategy(placement='hybrid', max_staleness=0, max_inflight=1).shutdown()\n"
+    )
+    out = subprocess.run(
+        [sys.executable, str(REPO / "tests" / "no_ray.py"), "-c", code],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "RAY_IMPORTS=0 " in out.stderr
