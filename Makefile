@@ -90,3 +90,18 @@ clean:
 .PHONY: gpu-smoke
 gpu-smoke: $(STAMP)
 	$(PY) benchmarks/gpu_smoke.py
+
+# the wheels a minimal offline GPU image lacks (it has Python 3.12, torch, transformers, Lightning, peft,
+# tensorboard, torchmetrics, pyarrow, sympy; no Ray, jsonargparse, math-verify, datasets, vLLM), for a
+# hybrid fit there (docs/gpus.md has the one install line); pure-Python wheels but PyYAML, ~9 MB
+GPU_BUNDLE := gpu-bundle
+GPU_BUNDLE_PYTHON ?= 3.12
+GPU_BUNDLE_PACKAGES := "jsonargparse[signatures]>=4.35,<5" "math-verify>=0.7,<1"
+.PHONY: gpu-bundle
+gpu-bundle:
+	rm -rf $(GPU_BUNDLE) && mkdir -p $(GPU_BUNDLE)
+	$(PYTHON) -m pip download -q --only-binary=:all: --python-version $(GPU_BUNDLE_PYTHON) \
+		--platform manylinux2014_x86_64 --platform manylinux_2_17_x86_64 --platform any \
+		-d $(GPU_BUNDLE) $(GPU_BUNDLE_PACKAGES)
+	@ls $(GPU_BUNDLE) && du -sh $(GPU_BUNDLE)
+	@echo 'install there: pip install --no-index --find-links $(GPU_BUNDLE) $(GPU_BUNDLE_PACKAGES) && pip install --no-deps -e . && python benchmarks/gpu_smoke.py'

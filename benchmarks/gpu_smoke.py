@@ -20,11 +20,19 @@ records its error and the next one still runs):
 * ``fsdp2_fit``: one Lightning ``Trainer.fit`` step with ``ModelParallelStrategy`` (FSDP2, 1 rank,
   NCCL) of the same module on pre-collated batches: float32 ``DTensor`` masters, bf16
   ``MixedPrecisionPolicy``, the step runs and moves the weights.
+* ``hybrid_fit``: a whole ``unirl-lightning fit --config examples/grpo_tiny_hybrid.yaml`` (the engine
+  in this process, no Ray) on the device, the policy in bf16 over float32 masters, ``precision:
+  32-true`` (fused AdamW): held-out accuracy must go up over its 120 steps, and the on-policy pin hold
+  within bf16's tolerance (|ratio - 1| and the log-prob gap < 0.05 at every step).
+* ``real_size``: a random-init model of ``examples/model_configs/Qwen2.5-0.5B-Instruct/config.json``
+  (no weights): HF generation tokens/s (64 rows, 256 + 256 tokens), a training step's tokens/s
+  (fwd+bwd+AdamW, micro-batches of 8192 tokens, activation checkpointing), and peak memory next to
+  ``unirl-lightning plan``'s estimate of the same settings.
 
-No Ray cluster, CLI, math-verify, diffusers or vLLM is used (importing the modules imports the
-``ray`` and ``jsonargparse`` packages; the report lists which of those got imported and whether Ray
-was started). The whole run takes a minute or two on one H200 (a deadline skips what is left after
-7 minutes). Without CUDA it prints one line saying so and exits 0; ``--cpu`` runs the same checks on
+No Ray cluster, math-verify (but in ``hybrid_fit``'s reward), diffusers or vLLM is used; the report
+lists which of ``ray``, ``jsonargparse``, ``math_verify``, ``diffusers``, ``vllm`` got imported and
+whether Ray was started (a machine without Ray runs it: docs/gpus.md). The whole run should take under
+5 minutes on one H200 (a deadline skips what is left after 4.5 minutes); it has not run on CUDA yet. Without CUDA it prints one line saying so and exits 0; ``--cpu`` runs the same checks on
 CPU at small sizes (FSDP2 over gloo), to check the script itself.
 
 The checks are in ``gpu_checks_train.py`` (``mixed_precision``, ``fsdp2_fit``),
@@ -45,11 +53,12 @@ from typing import Any
 
 import common
 from gpu_checks_engine import check_hf_generate, check_on_policy_pin, check_weight_push
+from gpu_checks_fit import check_hybrid_fit, check_real_size
 from gpu_checks_memory import check_logprob_memory
 from gpu_checks_train import check_fsdp2_fit, check_mixed_precision
 
 DEFAULT_OUT = common.results_path("gpu_smoke")
-DEADLINE_S = 7 * 60
+DEADLINE_S = 270
 NO_CUDA = "gpu_smoke: no CUDA device (torch.cuda.is_available() is False): nothing checked, exiting 0"
 
 
@@ -124,6 +133,10 @@ def run(config: dict[str, Any]) -> dict[str, Any]:
     if device.type == "cuda":
         torch.cuda.empty_cache()
     smoke.run("fsdp2_fit", check_fsdp2_fit, smoke)
+    smoke.run("hybrid_fit", check_hybrid_fit, smoke)
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+    smoke.run("real_size", check_real_size, smoke)
 
     ray = sys.modules.get("ray")
     return {

@@ -36,9 +36,12 @@ def make_trl_trainer(
     output_dir: str | Path,
     callbacks: list | None = None,
     reward: Any = common.first_char_reward,
+    gradient_checkpointing: bool = False,
 ) -> Any:
     """TRL ``GRPOTrainer``: HF generation, fp32 on CPU, ``beta=0``, one generation per optimizer step
-    (``per_device_train_batch_size = prompts x samples``), constant lr, no logging backend."""
+    (``per_device_train_batch_size = prompts x samples``), constant lr, no logging backend.
+    ``gradient_checkpointing`` is off (TRL's default is on: it would recompute activations in every
+    backward while ours does not, so every speed comparison turns it off; ``True`` = TRL's default)."""
     import torch
     from datasets import Dataset
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -101,6 +104,7 @@ def make_trl_trainer(
         data_seed=seed,
         dataloader_num_workers=0,
         generation_kwargs=generation_kwargs,
+        gradient_checkpointing=gradient_checkpointing,
     )
     trainer = CountingGRPOTrainer(
         model=model,
@@ -170,6 +174,7 @@ def timed_run(cfg: dict[str, Any]) -> dict[str, Any]:
             suppress_eos=cfg["suppress_eos"],
             output_dir=out,
             callbacks=[clock],
+            gradient_checkpointing=cfg.get("gradient_checkpointing", False),
         )
         trainer.train()
     check_trl_counted(trainer)

@@ -25,12 +25,16 @@ character of the completion equals the answer.
 Configurations, each in its own process (torch threads and Ray start fresh):
 
 * ``trl-1t`` / ``trl-2t``: TRL ``GRPOTrainer`` with HF generation, ``beta=0``, one generation per
-  optimizer step, ``torch.set_num_threads(1 or 2)``; generation and training take turns.
+  optimizer step, ``torch.set_num_threads(1 or 2)``; generation and training take turns. Activation
+  checkpointing is off (``gradient_checkpointing=False``: TRL's default ``True`` recomputes every
+  backward's activations, which ours does not); ``trl-defaults`` is ``trl-2t`` with TRL's default on.
 * ``sync``: ours, ``max_staleness=0, max_inflight=1``: one Ray rollout worker with 1 torch
   thread, the trainer with 1 (``trainer_threads=1``), taking turns.
 * ``sync-2t``: the same with 2 threads on each side (they never run at once).
 * ``async``: ours, ``max_staleness=1, max_inflight=2``: worker 1 thread + trainer 1 thread,
   generation of the next batch overlapping training of this one.
+* ``hybrid`` / ``hybrid-2t``: ours, ``placement="hybrid"``: the HF engine in the training process (no
+  Ray, the trainer's tensors shared with the engine), synchronous, 1 or 2 threads.
 
 Throughput is measured after ``--warmup`` steps, from the end of the last warm-up step to the end of
 the last step (start-up excluded); each configuration runs ``--runs`` times (interleaved, so slow
@@ -59,8 +63,11 @@ OURS_SYNC = {"side": "ours", "max_staleness": 0, "max_inflight": 1}
 CONFIGS: dict[str, dict[str, Any]] = {
     "trl-1t": {"side": "trl", "threads": 1},
     "trl-2t": {"side": "trl", "threads": 2},
+    "trl-defaults": {"side": "trl", "threads": 2, "gradient_checkpointing": True},
     "sync": {**OURS_SYNC, "trainer_threads": 1, "worker_threads": 1},
     "sync-2t": {**OURS_SYNC, "trainer_threads": 2, "worker_threads": 2},
+    "hybrid": {**OURS_SYNC, "placement": "hybrid", "trainer_threads": 1, "worker_threads": 1},
+    "hybrid-2t": {**OURS_SYNC, "placement": "hybrid", "trainer_threads": 2, "worker_threads": 2},
     "async": {
         "side": "ours",
         "max_staleness": 1,
@@ -69,7 +76,7 @@ CONFIGS: dict[str, dict[str, Any]] = {
         "worker_threads": 1,
     },
 }
-DEFAULT_CONFIGS = ["trl-1t", "trl-2t", "sync", "sync-2t", "async"]
+DEFAULT_CONFIGS = ["trl-1t", "trl-2t", "sync", "sync-2t", "async", "hybrid", "hybrid-2t"]
 
 
 # -- one configuration (child process) -------------------------------------------------------------
@@ -100,6 +107,7 @@ def child_ours(cfg: dict[str, Any]) -> dict[str, Any]:
         max_staleness=cfg["max_staleness"],
         max_inflight=cfg["max_inflight"],
         num_workers=1,
+        placement=cfg.get("placement", "separate"),
         trainer_threads=cfg["trainer_threads"],
         seed=cfg["seed"],
     )

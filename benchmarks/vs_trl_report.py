@@ -15,6 +15,9 @@ COLORS = {
     "sync": "#8fb8f0",
     "sync-2t": "#2f80ed",
     "async": "#27ae60",
+    "trl-defaults": "#e0e3e7",
+    "hybrid": "#f2c94c",
+    "hybrid-2t": "#f2994a",
 }
 
 
@@ -43,7 +46,11 @@ def summarize(runs: list[dict[str, Any]], workloads: list[str], configs: list[st
             }
 
         def best_trl(key: str, rows: dict[str, Any] = rows) -> float | None:
-            return max((rows[n][key]["median"] for n in rows if n.startswith("trl")), default=None)
+            # TRL as a speed comparison runs it: activation checkpointing off (not trl-defaults)
+            return max(
+                (rows[n][key]["median"] for n in rows if n.startswith("trl") and n != "trl-defaults"),
+                default=None,
+            )
 
         def ratio(
             name: str, base: float | None, key: str = "completions_per_s", rows: dict[str, Any] = rows
@@ -68,6 +75,9 @@ def summarize(runs: list[dict[str, Any]], workloads: list[str], configs: list[st
             "sync_tokens_vs_best_trl": ratio("sync", best_tokens, "tokens_per_s"),
             "sync_2t_tokens_vs_best_trl": ratio("sync-2t", best_tokens, "tokens_per_s"),
             "async_tokens_vs_best_trl": ratio("async", best_tokens, "tokens_per_s"),
+            "hybrid_tokens_vs_best_trl": ratio("hybrid", best_tokens, "tokens_per_s"),
+            "hybrid_2t_tokens_vs_best_trl": ratio("hybrid-2t", best_tokens, "tokens_per_s"),
+            "trl_defaults_tokens_vs_best_trl": ratio("trl-defaults", best_tokens, "tokens_per_s"),
             "tokens_per_step": all_tokens,
             "tokens_equal": len(all_tokens) == 1,
             "prompt_tokens_per_step": all_prompt,
@@ -78,7 +88,8 @@ def summarize(runs: list[dict[str, Any]], workloads: list[str], configs: list[st
 def final_line(summary: dict[str, Any]) -> dict[str, Any]:
     """The per-workload figures of the final JSON line."""
     keys = ("sync_vs_best_trl", "async_vs_best_trl", "async_vs_sync")
-    keys += ("sync_tokens_vs_best_trl", "async_tokens_vs_best_trl")
+    keys += ("sync_tokens_vs_best_trl", "sync_2t_tokens_vs_best_trl", "async_tokens_vs_best_trl")
+    keys += ("hybrid_tokens_vs_best_trl", "hybrid_2t_tokens_vs_best_trl")
     return {
         workload: {
             "completions_per_s": {n: c["completions_per_s"]["median"] for n, c in s["configs"].items()},

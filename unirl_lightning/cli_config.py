@@ -17,7 +17,7 @@ from lightning.pytorch.callbacks import ModelCheckpoint, ProgressBar
 
 from unirl_lightning.imports import import_callable
 from unirl_lightning.plan import FSDP_STRATEGY, world_size
-from unirl_lightning.preflight import sync_replacement_error
+from unirl_lightning.preflight import sync_replacement_error, weight_sync_placement_error
 
 
 def _strategy_settings(trainer: Any) -> dict[str, Any] | None:
@@ -180,7 +180,23 @@ def check_rollout_combinations(config: Any) -> dict[str, Any] | None:
         check_rollout_settings(**{k: settings[k] for k in keys})
     except ValueError as exc:
         raise ValueError(f"trainer.strategy.init_args: {exc}") from None
+    weight_sync = settings["weight_sync"]
+    kind = weight_sync if isinstance(weight_sync, str) else _backend_kind(weight_sync)
+    error = weight_sync_placement_error(str(settings["placement"]), kind)
+    if error is not None:
+        raise ValueError(f"trainer.strategy.init_args: {error}")
     return settings
+
+
+def _backend_kind(node: Any) -> str:
+    """A weight-sync backend given by class path: its kind's name (``"other"`` for a user's own)."""
+    class_path = node.get("class_path") if hasattr(node, "get") else None
+    if not class_path:
+        return "other"
+    from unirl_lightning.weight_sync import weight_sync_kind
+
+    cls = _import_class(class_path)
+    return weight_sync_kind(cls.__new__(cls))
 
 
 def check_combinations(config: Any) -> None:

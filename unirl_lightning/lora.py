@@ -110,6 +110,30 @@ def load_named_weights(
             params[name].copy_(tensor.to(params[name].device, params[name].dtype))
 
 
+def share_named_weights(
+    model: torch.nn.Module, named_tensors: Iterable[tuple[str, torch.Tensor]]
+) -> tuple[int, int]:
+    """Give an in-process engine's ``model`` the trainer's tensors (full weights, by name): each
+    parameter of the same dtype, device and shape takes the trainer's tensor itself (the two share
+    storage: no copy), every other one is copied in place, cast. Returns ``(bytes copied, tensors
+    shared)``. The caller guarantees the engine only reads them, and only while the trainer does not
+    write them."""
+    params = model.state_dict(keep_vars=True)  # every name, tied aliases included
+    copied = shared = 0
+    with torch.no_grad():
+        for name, tensor in named_tensors:
+            if name not in params:
+                raise KeyError(f"weight {name!r} is not a parameter of the engine's model")
+            target = params[name]
+            if (target.dtype, target.device, target.shape) == (tensor.dtype, tensor.device, tensor.shape):
+                target.data = tensor.detach()
+                shared += 1
+            else:
+                target.copy_(tensor.to(target.device, target.dtype))
+                copied += target.numel() * target.element_size()
+    return copied, shared
+
+
 def is_lora_push(items: list[tuple[str, torch.Tensor]]) -> bool:
     """True for an adapter-only push, False for full weights; a mix of both is an error."""
     lora = sum(1 for name, _ in items if ".lora_A." in name or ".lora_B." in name)

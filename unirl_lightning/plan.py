@@ -28,9 +28,11 @@ from pathlib import Path
 from typing import Any
 
 from unirl_lightning.preflight import (
+    SHARED_DEVICE_PLACEMENTS,
     chat_template_warning,
     multi_node_ray_error,
     precision_warning,
+    resolve_weight_sync_name,
     sync_replacement_error,
 )
 
@@ -184,7 +186,8 @@ def plan_recipe(config: dict[str, Any], cluster: Cluster, shape: ModelShape | No
     per_node = max(1, world // int(trainer.get("num_nodes") or 1))
     sharded = strategy.get("class_path") == FSDP_STRATEGY
     restarts = int(rollout.get("max_worker_restarts", 3))
-    weight_sync = rollout.get("weight_sync", "object_store")
+    placement = str(rollout.get("placement", "separate"))
+    weight_sync = resolve_weight_sync_name(placement, str(rollout.get("weight_sync", "auto")))
     error = sync_replacement_error(str(weight_sync), sharded, world, restarts)
     if error:
         findings.append(Finding("error", "trainer.strategy.init_args.max_worker_restarts", error))
@@ -239,8 +242,8 @@ def _plan_placement(
 ) -> None:
     workers = world * int(rollout.get("num_workers", 1))
     gpus_per_worker = float(rollout.get("num_gpus_per_worker", 0))
-    colocate = rollout.get("placement", "separate") == "colocate"
-    worker_gpus = 0.0 if colocate else workers * gpus_per_worker
+    shared = rollout.get("placement", "separate") in SHARED_DEVICE_PLACEMENTS  # engines on training GPUs
+    worker_gpus = 0.0 if shared else workers * gpus_per_worker
     scoring = rollout.get("reward_workers") if isinstance(rollout.get("reward_workers"), dict) else {}
     reward_workers = world * int(scoring.get("num_workers", 1)) if scoring else 0
     reward_gpus = reward_workers * float(

@@ -9,14 +9,34 @@ returns the problem as a message naming the keys and the fix, or None when the s
 from __future__ import annotations
 
 __all__ = [
+    "IN_PROCESS_PLACEMENTS",
     "MIXED_PRECISIONS",
+    "PLACEMENTS",
+    "SHARED_DEVICE_PLACEMENTS",
     "chat_template_warning",
     "fused_optimizer_allowed",
     "interrupt_placement_error",
     "multi_node_ray_error",
+    "placement_schedule_error",
     "precision_warning",
+    "resolve_weight_sync_name",
     "sync_replacement_error",
+    "weight_sync_placement_error",
 ]
+
+PLACEMENTS = ("separate", "colocate", "hybrid")
+"""Where the engines run: ``separate`` (Ray workers on devices of their own), ``colocate`` (Ray workers
+on the trainer's device, asleep while it trains), ``hybrid`` (the engine inside the training process,
+on its device: no Ray)."""
+
+SHARED_DEVICE_PLACEMENTS = frozenset({"colocate", "hybrid"})
+"""The placements whose engines share the training device (generation and training take turns)."""
+
+IN_PROCESS_PLACEMENTS = frozenset({"hybrid"})
+"""The placements whose engine lives in the training process (weights move by an in-memory copy)."""
+
+RAY_WEIGHT_SYNCS = ("object_store", "collective")
+IN_PROCESS_WEIGHT_SYNC = "inprocess"
 
 MIXED_PRECISIONS = frozenset({"16-mixed", "bf16-mixed", "16", "bf16"})
 """Lightning's automatic-mixed-precision settings (``"16"`` and ``"bf16"`` are its old names for them)."""
@@ -71,6 +91,47 @@ def multi_node_ray_error(num_nodes: int, ray_address: str | None) -> str | None:
         "ray start --address HEAD:6379 on the others, each with --num-gpus = the GPUs its training ranks leave) "
         "and set RAY_ADDRESS on every node (docs/gpus.md, Recipe 2)"
     )
+
+
+def placement_schedule_error(placement: str, max_staleness: int, max_inflight: int) -> str | None:
+    """An engine on the trainer's device (``colocate``, ``hybrid``) takes turns with training, so it
+    cannot overlap them: synchronous settings only (``max_staleness=0, max_inflight=1``)."""
+    if placement not in SHARED_DEVICE_PLACEMENTS or (max_staleness == 0 and max_inflight == 1):
+        return None
+    where = "in the training process" if placement in IN_PROCESS_PLACEMENTS else "on the same device"
+    return (
+        f"placement={placement!r} runs generation and training {where} in turn, so it cannot overlap "
+        f"them: it needs max_staleness=0 and max_inflight=1, got max_staleness={max_staleness}, "
+        f"max_inflight={max_inflight}; use placement='separate' for async training"
+    )
+
+
+def resolve_weight_sync_name(placement: str, weight_sync: str) -> str:
+    """``weight_sync="auto"``: the backend that goes with the placement's worker group (``inprocess``
+    for ``hybrid``, ``object_store`` for the Ray workers); any other name is returned as given."""
+    if weight_sync != "auto":
+        return weight_sync
+    return IN_PROCESS_WEIGHT_SYNC if placement in IN_PROCESS_PLACEMENTS else "object_store"
+
+
+def weight_sync_placement_error(placement: str, weight_sync: str) -> str | None:
+    """The weight-sync backend goes with the worker group: an in-process engine (``hybrid``) takes
+    the in-memory copy (``weight_sync="inprocess"``) and nothing else; Ray workers take
+    ``object_store`` or ``collective``, never ``inprocess``. ``weight_sync`` is a backend's name
+    (``"other"`` for a user's own backend object, which only Ray workers take)."""
+    name = resolve_weight_sync_name(placement, weight_sync)
+    if placement in IN_PROCESS_PLACEMENTS and name != IN_PROCESS_WEIGHT_SYNC:
+        return (
+            f"placement={placement!r} runs the engine in the training process, whose weights it reads in "
+            f"memory: it needs weight_sync='inprocess' (or 'auto'), got weight_sync={weight_sync!r}"
+        )
+    if placement not in IN_PROCESS_PLACEMENTS and name == IN_PROCESS_WEIGHT_SYNC:
+        return (
+            f"weight_sync='inprocess' copies weights within the training process, but placement="
+            f"{placement!r} runs the engines in Ray workers: use weight_sync='object_store' or "
+            f"'collective' (or 'auto'), or placement='hybrid'"
+        )
+    return None
 
 
 def fused_optimizer_allowed(precision: str | int | None) -> bool:

@@ -3,8 +3,9 @@
 The module says *what* is learned (its :class:`~unirl_lightning.modules.base.RolloutSpec`); the
 strategy says *where and how* it runs (engine, Ray workers and their placement, weight transport). The
 rollout side is the module family's :class:`~unirl_lightning.runtime.RolloutRuntime`, built once and
-kept across ``fit``/``validate`` calls; the strategy holds Lightning's hooks, the Ray connection and
-the sync verb, and branches on no family. ``process_dataloader`` swaps in the runtime's loop.
+kept across ``fit``/``validate`` calls; the strategy holds Lightning's hooks and the sync verb, and
+branches on no family nor placement: the placement's worker group class (Ray actors, or the hybrid
+engine in this process) owns the connection its workers need (Ray's, for Ray workers). ``process_dataloader`` swaps in the runtime's loop.
 
 Guarantees: ``max_staleness=0, max_inflight=1`` is synchronous on-policy training; no trained sample
 is older than ``max_staleness`` versions; weights are pushed only while nothing is in flight; evaluation
@@ -13,7 +14,7 @@ Workers are shut down on error, Ctrl-C, ``shutdown`` and exit. Callbacks depend 
 the reverse. Only Lightning's public API is used.
 
 Several ranks (DDP, FSDP): each drives its own runtime, workers and share of the prompts; rank 0 starts
-(or joins) Ray, the others join it. A sync is collective: every rank quiesces, pushes the full weights to
+(or joins) Ray, the others join it (``placement="hybrid"``: each rank has its engine in its own process). A sync is collective: every rank quiesces, pushes the full weights to
 its workers, advances the same version at the same RL step, and a barrier ends it (a resume: same ranks).
 """
 
@@ -21,7 +22,6 @@ from __future__ import annotations
 
 import _thread
 import logging
-import math
 import os
 import shutil
 import sys
@@ -45,7 +45,11 @@ from unirl_lightning.checkpoint_io import AtomicCheckpointIO
 from unirl_lightning.checks import require_positive
 from unirl_lightning.cli_types import NonNegativeInt, PositiveInt
 from unirl_lightning.engines import EngineConfig, EngineName
-from unirl_lightning.preflight import multi_node_ray_error, sync_replacement_error
+from unirl_lightning.preflight import (
+    multi_node_ray_error,
+    sync_replacement_error,
+    weight_sync_placement_error,
+)
 from unirl_lightning.rollout.loop import DeferredBatch
 from unirl_lightning.runtime import (
     Placement,
@@ -55,7 +59,7 @@ from unirl_lightning.runtime import (
     rank_share,
     runtime_for,
 )
-from unirl_lightning.weight_sync import CollectiveWeightSync, WeightSync, WeightSyncName, resolve_weight_sync
+from unirl_lightning.weight_sync import WeightSync, WeightSyncName, resolve_weight_sync, weight_sync_kind
 
 log = logging.getLogger(__name__)
 
@@ -79,8 +83,10 @@ class RolloutStrategyMixin:
             the GPUs the training ranks leave; vLLM's ``tensor_parallel_size`` follows the GPUs).
         worker_resources: more Ray resources per worker: ``{"rollout_node": 1}``, ``{"node:<ip>": 0.01}``.
         worker_layout: a GPU worker's placement group: ``"actor"`` (one bundle) or ``"per_gpu"`` (one a GPU).
-        placement: ``"separate"`` (generators on their own devices; required for async) or
-            ``"colocate"`` (engines sleep while the trainer runs; synchronous only).
+        placement: ``"separate"`` (Ray workers on their own devices; required for async),
+            ``"colocate"`` (Ray workers on the trainer's device, asleep while it trains; synchronous
+            only) or ``"hybrid"`` (one engine inside each training process, on its device, no Ray;
+            synchronous only, ``num_workers=1``).
         offload_optimizer: ``"colocate"`` only: the optimizer state goes to the host while engines wake.
         sync_mode: what a weight sync does with the requests in flight: ``"quiesce"`` (wait for them
             to finish) or ``"interrupt"`` (LLM modules, ``placement="separate"``: requests run in
@@ -90,7 +96,9 @@ class RolloutStrategyMixin:
             ``max_staleness``). Agentic modules always abort at a turn boundary.
         interrupt_chunk_tokens: ``sync_mode="interrupt"``: the most new tokens of a sample per
             generation call (the longest a sync waits, in decode steps).
-        weight_sync: ``"object_store"`` (default), ``"collective"`` or a ``WeightSync`` instance.
+        weight_sync: ``"auto"`` (the placement's: ``"inprocess"`` for hybrid, else ``"object_store"``),
+            ``"object_store"``, ``"collective"`` (Ray workers), ``"inprocess"`` (hybrid only: the
+            engine reads the trainer's tensors, or a cast copy) or a ``WeightSync`` instance.
         seed: base seed of the rollout (None = ``seed_everything``'s seed, else 0): every seed is a hash
             of it (request ``g`` of rank ``r``: ``derive_seed(seed, r, g)``): no two requests share one.
         trainer_threads: torch threads of each training process on CPU. None = the CPU rule
@@ -120,7 +128,7 @@ class RolloutStrategyMixin:
         num_cpus_per_worker: float = 1,
         num_gpus_per_worker: float = 0,
         placement: Placement = "separate",
-        weight_sync: WeightSyncName | WeightSync = "object_store",
+        weight_sync: WeightSyncName | WeightSync = "auto",
         seed: int | None = None,
         trainer_threads: PositiveInt | None = None,
         generation_timeout_s: float = 600.0,
@@ -154,7 +162,11 @@ class RolloutStrategyMixin:
             sync_mode=sync_mode,
             interrupt_chunk_tokens=int(interrupt_chunk_tokens),
         )
-        self.weight_sync: WeightSync = resolve_weight_sync(weight_sync)
+        kind = weight_sync if isinstance(weight_sync, str) else weight_sync_kind(weight_sync)
+        error = weight_sync_placement_error(placement, kind)
+        if error is not None:
+            raise ValueError(error)
+        self.weight_sync: WeightSync = resolve_weight_sync(weight_sync, placement)
         self.sync_interval: int | None = None  # handed over by WeightSyncCallback.setup
         self.runtime: RolloutRuntime | None = None
         self._pending_state: dict[str, Any] | None = None  # a checkpoint's, loaded before setup
@@ -179,13 +191,18 @@ class RolloutStrategyMixin:
                 poll_s=min(1.0, self.abort_timeout_s / 20),
                 timeout_s=self.abort_timeout_s,
             ).start()
-        if self.process_group_timeout_s is not None and isinstance(self.weight_sync, CollectiveWeightSync):
+        if self.process_group_timeout_s is not None and weight_sync_kind(self.weight_sync) == "collective":
             self.weight_sync.follow_process_group(self.process_group_timeout_s)  # one deadline for both sides
         if self.runtime is None:
             self.preflight(trainer.world_size)  # before Ray and any worker start
-            self._connect_ray(trainer.world_size)
+            self._connect(trainer.world_size)
             spec = trainer.lightning_module.rollout_spec()
-            settings = replace(self.rollout, rank=self.global_rank, worker_threads=threads["worker"])
+            settings = replace(
+                self.rollout,
+                rank=self.global_rank,
+                worker_threads=threads["worker"],
+                sync_interval=self.sync_interval or 1,  # WeightSyncCallback.setup ran before this hook
+            )
             self.runtime = runtime_for(spec)(spec, settings, self.weight_sync, self._pending_state)
             self._pending_state = None
             runtime = self.runtime  # placement.json and the table before the first push; overlaps fail
@@ -204,7 +221,7 @@ class RolloutStrategyMixin:
     def preflight(self, world_size: int) -> None:
         """The setup rules of :mod:`unirl_lightning.preflight` that read the strategy alone, checked on every
         rank at the same point (so every rank refuses together), before any worker starts."""
-        kind = "collective" if isinstance(self.weight_sync, CollectiveWeightSync) else "other"
+        kind = weight_sync_kind(self.weight_sync)
         error = sync_replacement_error(kind, self.shards_model, world_size, self.rollout.max_worker_restarts)
         if error is None:
             error = multi_node_ray_error(
@@ -213,20 +230,19 @@ class RolloutStrategyMixin:
         if error is not None:
             raise ValueError(error)
 
-    def _connect_ray(self, world_size: int) -> None:
-        """One Ray for every rank: rank 0 starts (or joins ``RAY_ADDRESS``) it, the others join it. A Ray
-        it starts sees only the GPUs the training ranks leave (all of them under ``"colocate"``)."""
-        from unirl_lightning.workers.cluster import connect_ranks
+    @property
+    def worker_group_class(self) -> type:
+        """The worker group class of this strategy's placement (imported on first use: a hybrid run
+        never imports Ray)."""
+        from unirl_lightning.workers.factory import worker_group_class
 
-        r, workers = self.rollout, world_size * self.rollout.num_workers
+        return worker_group_class(self.rollout.placement)
+
+    def _connect(self, world_size: int) -> None:
+        """What the workers of every rank share, through the placement's group class (a collective:
+        Ray's group has rank 0 start or join Ray and the others join it; the hybrid group, nothing)."""
         held = getattr(self, "parallel_devices", None) or [self.root_device]
-        devices = [] if r.placement == "colocate" else held  # colocate: engines share the trainer's GPU
-        cpus, gpus = math.ceil(workers * r.num_cpus_per_worker), workers * r.num_gpus_per_worker
-        if r.reward_workers is not None:  # the reward workers' share of the spare GPUs and the CPUs
-            scorers = world_size * r.reward_workers.num_workers
-            cpus += math.ceil(scorers * r.reward_workers.num_cpus_per_worker)
-            gpus += scorers * r.reward_workers.num_gpus_per_worker
-        connect_ranks(self.global_rank, cpus, self.broadcast, devices, gpus)
+        self.worker_group_class.connect(self.global_rank, world_size, self.rollout, held, self.broadcast)
 
     # -- read by callbacks ------------------------------------------------------------------------
     @property
@@ -354,12 +370,9 @@ class RolloutStrategyMixin:
             self.cross_rank_abort.stop()
             self.cross_rank_abort = None
         if self.world_size > 1 and not self.failed and self.runtime is not None:
-            import ray
-
             self.barrier("rollout teardown")
             self.shutdown()
-            if self.global_rank != 0 and ray.is_initialized():
-                ray.shutdown()
+            self.worker_group_class.leave(self.global_rank)
             self.barrier("rollout teardown: joined ranks left Ray")
         super().teardown()
 
@@ -384,13 +397,11 @@ class RolloutStrategyMixin:
 
     def shutdown(self) -> None:
         """Kill the workers (and the local Ray this run started). Safe to call twice."""
-        from unirl_lightning.workers import shutdown_ray_if_owned
-
         if self.runtime is not None:
             self.runtime.shutdown()
         self.runtime = None
         self.weight_sync.close()
-        shutdown_ray_if_owned()
+        self.worker_group_class.release()
 
 
 class AsyncRolloutStrategy(RolloutStrategyMixin, SingleDeviceStrategy):

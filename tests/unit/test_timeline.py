@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 
 from unirl_lightning.timeline import Timeline, clamp_span, gantt, read_trace, spans_of
-from unirl_lightning.workers.calls import CallPart, _merge_generate
+from unirl_lightning.workers.calls import CallPart, merge_results
 
 
 def test_spans_and_instants_are_chrome_trace_events():
@@ -81,7 +81,7 @@ def test_a_generation_result_carries_each_parts_span_on_the_driver_clock():
             "span": {"start": 99.0, "end": 103.0},
         },
     ]
-    spans = _merge_generate(results, parts)["spans"]
+    spans = merge_results(results, parts)["spans"]
     assert spans[0] == {"worker": 0, "start": 100.2, "end": 100.9, "samples": 1, "completion_tokens": 3}
     assert spans[1] == {"worker": 1, "start": 100.0, "end": 102.0, "samples": 2, "completion_tokens": 6}
 

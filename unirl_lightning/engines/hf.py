@@ -42,6 +42,7 @@ from unirl_lightning.lora import (
     apply_lora,
     effective_weights,
     load_named_weights,
+    share_named_weights,
     unwrapped,
 )
 from unirl_lightning.models import PolicySpec
@@ -102,6 +103,7 @@ class HFEngine(InPlaceBucketLoading):  # a streamed push is loaded bucket by buc
         self.policy = policy
         self.stop_ids = policy.stop_ids(self.tokenizer)  # EOS (and the chat template's end of turn)
         self.weight_version = 0
+        self.shares_trainer_weights = False  # the trainer's tensors themselves (placement="hybrid")
         # None for a model without absolute positions in its config (nothing to check then); also the
         # agentic coordinator's context budget (it ends an episode that would outgrow it, cleanly)
         self.max_positions = getattr(unwrapped(self.model).config, "max_position_embeddings", None)
@@ -113,13 +115,28 @@ class HFEngine(InPlaceBucketLoading):  # a streamed push is loaded bucket by buc
         load_named_weights(self.model, named_tensors, self.lora)
         self.weight_version = weight_version
 
+    def share_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], weight_version: int) -> int:
+        """An engine in the training process (``placement="hybrid"``) reads the trainer's tensors: each
+        one of the model's dtype, device and shape is taken as is (no copy), the others are copied in
+        place, cast (:func:`~unirl_lightning.lora.share_named_weights`); LoRA adapters are copied.
+        Returns the bytes copied; the engine serves ``weight_version`` from now on."""
+        named = list(named_tensors)
+        if self.lora is not None:
+            load_named_weights(self.model, named, self.lora)
+            copied = sum(t.numel() * t.element_size() for _, t in named)
+        else:
+            copied, shared = share_named_weights(self.model, named)
+            self.shares_trainer_weights = shared > 0
+        self.weight_version = weight_version
+        return copied
+
     def state_dict(self) -> dict[str, torch.Tensor]:
         """The weights the engine generates with (LoRA adapters merged in), by the base model's names."""
         return effective_weights(self.model)
 
     def sleep(self) -> None:
-        if self.device.type != "cuda":
-            log.info("HF engine on %s: sleep is a no-op (nothing to free)", self.device)
+        if self.device.type != "cuda" or self.shares_trainer_weights:
+            log.info("HF engine on %s: sleep is a no-op (nothing of its own to free)", self.device)
             return
         self.model.to("cpu")
         torch.cuda.empty_cache()

@@ -29,15 +29,21 @@ class AgenticRuntime(RolloutRuntime):
         super().__init__(spec, settings, weight_sync, state)
         self.episodes: WorkerEpisodeCoordinator | None = None
 
-    def actor_class(self) -> type:
-        return AgenticRolloutWorker
-
     def check(self) -> None:
         if self.settings.reward_workers is not None:
             raise ValueError(
                 "reward_workers runs a batch module's reward on actors of its own; an agentic module's "
                 "episodes are scored inside the workers' environments: set reward_workers to null"
             )
+        if self.settings.in_process:
+            raise ValueError(
+                f"placement={self.settings.placement!r} is not available to agentic modules: their episode "
+                "coordinators run inside Ray workers (threads of turns across environments); use "
+                "placement='colocate' (synchronous, the trainer's device) or 'separate'"
+            )
+
+    def actor_class(self) -> type:
+        return AgenticRolloutWorker
 
     def _make_controller(self, state: dict[str, Any]) -> AgenticRolloutController:
         agentic = self.spec.agentic

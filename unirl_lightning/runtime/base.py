@@ -31,7 +31,12 @@ from typing import Any, ClassVar, Literal
 
 from unirl_lightning.checks import require_at_least, require_choice, require_positive
 from unirl_lightning.engines import EngineConfig, check_engine_name, resolve_engine
-from unirl_lightning.preflight import interrupt_placement_error
+from unirl_lightning.preflight import (
+    IN_PROCESS_PLACEMENTS,
+    SHARED_DEVICE_PLACEMENTS,
+    interrupt_placement_error,
+    placement_schedule_error,
+)
 from unirl_lightning.seeding import global_seed, rank_seed
 from unirl_lightning.timeline import Timeline
 
@@ -49,7 +54,7 @@ __all__ = [
     "rank_share",
 ]
 
-Placement = Literal["separate", "colocate"]
+Placement = Literal["separate", "colocate", "hybrid"]
 WorkerLayout = Literal["actor", "per_gpu"]
 
 
@@ -63,12 +68,9 @@ def check_rollout_settings(
         raise ValueError(error)
     require_at_least("max_staleness", max_staleness, 0)
     require_at_least("max_inflight", max_inflight, 1)
-    if placement == "colocate" and (max_staleness > 0 or max_inflight > 1):
-        raise ValueError(
-            "placement='colocate' runs generation and training on the same device in turn, so it cannot "
-            f"overlap them: it needs max_staleness=0 and max_inflight=1, got max_staleness={max_staleness}, "
-            f"max_inflight={max_inflight}; use placement='separate' for async training"
-        )
+    error = placement_schedule_error(placement, max_staleness, max_inflight)
+    if error is not None:
+        raise ValueError(error)
 
 
 @dataclass(frozen=True)
@@ -124,6 +126,7 @@ class RolloutSettings:
     reward_workers: RewardWorkers | None = None  # None: the rollout workers score
     sync_mode: str = "quiesce"
     interrupt_chunk_tokens: int = 32
+    sync_interval: int = 1  # the weight-sync cadence (WeightSyncCallback's every_n_steps), filled at setup
 
     def __post_init__(self) -> None:
         if self.seed is None:
@@ -132,7 +135,12 @@ class RolloutSettings:
             object.__setattr__(self, "reward_workers", RewardWorkers(**self.reward_workers))
         check_rollout_settings(self.placement, self.max_staleness, self.max_inflight, self.sync_mode)
         require_at_least("interrupt_chunk_tokens", self.interrupt_chunk_tokens, 1)
-        if self.offload_optimizer and self.placement != "colocate":
+        if self.in_process and self.reward_workers is not None:
+            raise ValueError(
+                f"reward_workers run the reward on Ray actors, but placement={self.placement!r} runs without Ray "
+                "(the reward runs in the training process): set reward_workers=None or placement='separate'"
+            )
+        if self.offload_optimizer and not (self.shares_trainer_device and not self.in_process):
             raise ValueError(
                 "offload_optimizer=True moves the optimizer state to the host while colocated engines "
                 f"use the training device, so it needs placement='colocate', got placement={self.placement!r}"
@@ -140,6 +148,11 @@ class RolloutSettings:
         if isinstance(self.engine, str):
             check_engine_name(self.engine)
         require_at_least("num_workers", self.num_workers, 1)
+        if self.in_process and self.num_workers != 1:
+            raise ValueError(
+                f"placement={self.placement!r} runs one engine in each training process: num_workers must "
+                f"be 1, got num_workers={self.num_workers}"
+            )
         require_at_least("max_worker_restarts", self.max_worker_restarts, 0)
         if self.trainer_threads is not None:
             require_at_least("trainer_threads", self.trainer_threads, 1)
@@ -152,14 +165,29 @@ class RolloutSettings:
             raise ValueError(f"worker_layout='per_gpu' needs a whole num_gpus_per_worker >= 1, got {gpus:g}")
 
     @property
+    def shares_trainer_device(self) -> bool:
+        """The engines run on the training device and take turns with training (``colocate``,
+        ``hybrid``): they sleep while it trains, and a local Ray hides no training GPU from them."""
+        return self.placement in SHARED_DEVICE_PLACEMENTS
+
+    @property
+    def in_process(self) -> bool:
+        """The engine lives in the training process (``hybrid``): no Ray, an in-memory weight copy."""
+        return self.placement in IN_PROCESS_PLACEMENTS
+
+    @property
     def synchronous(self) -> bool:
         """Generation and training take turns (nothing overlaps): ``max_inflight=1, max_staleness=0``."""
         return self.max_inflight == 1 and self.max_staleness == 0
 
     def cpu_threads(self, world_size: int, num_nodes: int) -> dict[str, int]:
         """:func:`cpu_threads` for a run of ``world_size`` ranks on ``num_nodes`` nodes, whose local
-        workers are this node's unless Ray is a joined cluster (``RAY_ADDRESS``)."""
+        workers are this node's unless Ray is a joined cluster (``RAY_ADDRESS``). An in-process
+        engine (``hybrid``) runs on its rank's threads."""
         local_ranks = max(1, world_size // max(1, num_nodes))
+        if self.in_process:
+            threads = self.trainer_threads or max(1, (os.cpu_count() or 1) // local_ranks)
+            return {"trainer": threads, "worker": threads}
         local_workers = 0 if os.environ.get("RAY_ADDRESS") else local_ranks * self.num_workers
         return cpu_threads(
             os.cpu_count() or 1, local_ranks, local_workers, self.synchronous, self.num_cpus_per_worker
@@ -327,7 +355,7 @@ class RolloutRuntime:
         if settings.worker_threads is not None:
             engine = engine.with_cpu_threads(settings.worker_threads)
         if getattr(engine, "enable_sleep_mode", False) is None:  # vLLM: None = sleep only when colocated
-            engine = dataclasses.replace(engine, enable_sleep_mode=settings.placement == "colocate")
+            engine = dataclasses.replace(engine, enable_sleep_mode=settings.shares_trainer_device)
         if hasattr(engine, "tensor_parallel_size"):  # vLLM: None follows num_gpus_per_worker, else agrees
             from unirl_lightning.workers.placement import tensor_parallel_size_for
 
@@ -341,7 +369,7 @@ class RolloutRuntime:
         whose overlap check must fail readably before a push can fail inside NCCL), and push the
         trainer's weights at the current version (a resumed ledger's, when a checkpoint was loaded
         before)."""
-        from unirl_lightning.workers import RolloutWorkerGroup
+        from unirl_lightning.workers.factory import worker_group_class
 
         self.check()
         spec, settings = self.spec, self.settings
@@ -351,8 +379,11 @@ class RolloutRuntime:
             self.reward_pool = RewardWorkerPool(
                 spec.reward, settings.reward_workers, max_restarts=settings.max_worker_restarts
             )
-        self.workers = RolloutWorkerGroup(
-            self.engine_config(),
+        engine = self.engine_config()
+        if settings.in_process and hasattr(engine, "device"):  # the engine works on the trainer's device
+            engine = dataclasses.replace(engine, device=str(policy_device(policy)))
+        self.workers = worker_group_class(settings.placement)(
+            engine,
             spec.policy,
             spec.lora,
             reward=None if self.reward_pool is not None else spec.reward,
@@ -365,6 +396,8 @@ class RolloutRuntime:
             generation_timeout_s=settings.generation_timeout_s,
             max_restarts=settings.max_worker_restarts,
             worker_cls=self.actor_class(),
+            shares_trainer_device=settings.shares_trainer_device,
+            share_weights=settings.sync_interval == 1,
         )
         self.workers.on_restart = self._push_to_replacement
         self._policy = policy
@@ -407,7 +440,7 @@ class RolloutRuntime:
                 + ". Start Ray on the spare GPUs only (docs/gpus.md), or pin them elsewhere with "
                 "reward_workers.resources_per_worker"
             )
-        if overlaps and self.settings.placement == "separate":
+        if overlaps and not self.settings.shares_trainer_device:
             raise RuntimeError(
                 "rollout or reward workers were given GPUs the training ranks use (placement='separate'): "
                 + "; ".join(overlaps)
@@ -477,10 +510,11 @@ class RolloutRuntime:
 
     def resolve(self, batch: Any, optimizers: Any = ()) -> Any:
         """The loop's deferred batch, resolved now (after the previous step's sync); with
-        ``placement="colocate"`` the engines then sleep, so the trainer has the device, and with
-        ``offload_optimizer`` the state of ``optimizers`` (the strategy's) goes back to it."""
+        engines on the trainer's device (``shares_trainer_device``: colocate, hybrid) the engines then
+        sleep, so the trainer has the device, and with ``offload_optimizer`` the state of
+        ``optimizers`` (the strategy's) goes back to it."""
         batch = batch.resolve()
-        if self.settings.placement == "colocate":  # nothing is in flight (synchronous)
+        if self.workers.shares_trainer_device:  # nothing is in flight (synchronous)
             self.workers.call("sleep")
             if self.settings.offload_optimizer:
                 optimizers_to_device(self._offloaded)
@@ -494,7 +528,7 @@ class RolloutRuntime:
         """Quiesce, push ``policy``'s weights to every worker, advance the version (one rank's part
         of a collective sync: the strategy's barrier ends it). ``after_quiesce`` runs between the two
         (the strategy's barrier: no rank starts a push, whose gather of a sharded model is a
-        collective, while another still waits for its generation). With ``placement="colocate"`` the
+        collective, while another still waits for its generation). With engines on the trainer's device the
         trainer first frees its cached blocks (and, with ``offload_optimizer``, moves the state of
         ``optimizers`` to the host); the engines then wake in two phases: weights, push, KV cache."""
         ctl = self.controller
@@ -507,7 +541,7 @@ class RolloutRuntime:
         if after_quiesce is not None:
             after_quiesce()
         stats: dict[str, Any] = {}
-        colocate = self.settings.placement == "colocate"
+        colocate = self.workers.shares_trainer_device
 
         def push(new_version: int) -> None:
             self.workers.ensure_alive(min(30.0, self.settings.generation_timeout_s))  # nothing in flight

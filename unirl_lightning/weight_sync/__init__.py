@@ -2,19 +2,25 @@
 
 Every backend implements ``push(model, workers, weight_version) -> SyncStats``; the rollout
 controller's ``sync_weights`` calls it (through the strategy) only when nothing is in flight, then
-advances the version ledger. Backends: :class:`ObjectStoreWeightSync` (default),
-:class:`CollectiveWeightSync` (a standalone torch.distributed group, gloo on CPU / nccl on GPU).
+advances the version ledger. Backends: :class:`ObjectStoreWeightSync` (the Ray workers' default),
+:class:`CollectiveWeightSync` (a standalone torch.distributed group, gloo on CPU / nccl on GPU), and
+:class:`InProcessWeightSync` (the in-memory copy of ``placement="hybrid"``, its only backend).
+``"auto"`` is the backend that goes with the placement's worker group
+(:func:`~unirl_lightning.preflight.resolve_weight_sync_name`).
 """
 
 from typing import Literal
 
 from unirl_lightning.checks import require_choice
+from unirl_lightning.preflight import resolve_weight_sync_name
 from unirl_lightning.weight_sync.base import PushTargets, SyncStats, WeightSync, named_weights
 from unirl_lightning.weight_sync.collective import CollectiveWeightSync
+from unirl_lightning.weight_sync.inprocess import InProcessWeightSync
 from unirl_lightning.weight_sync.object_store import ObjectStoreWeightSync
 
 __all__ = [
     "CollectiveWeightSync",
+    "InProcessWeightSync",
     "ObjectStoreWeightSync",
     "PushTargets",
     "SyncStats",
@@ -22,15 +28,29 @@ __all__ = [
     "WeightSyncName",
     "named_weights",
     "resolve_weight_sync",
+    "weight_sync_kind",
 ]
 
 
-WeightSyncName = Literal["object_store", "collective"]
+WeightSyncName = Literal["auto", "object_store", "collective", "inprocess"]
+
+BACKENDS: dict[str, type] = {
+    "object_store": ObjectStoreWeightSync,
+    "collective": CollectiveWeightSync,
+    "inprocess": InProcessWeightSync,
+}
 
 
-def resolve_weight_sync(spec: "WeightSyncName | WeightSync") -> WeightSync:
-    """``"object_store"`` | ``"collective"`` | an instance."""
+def resolve_weight_sync(spec: "WeightSyncName | WeightSync", placement: str = "separate") -> WeightSync:
+    """``"auto"`` (the placement's backend) | ``"object_store"`` | ``"collective"`` | ``"inprocess"`` |
+    an instance (returned as is)."""
     if not isinstance(spec, str):
         return spec
     require_choice("weight_sync", spec, WeightSyncName)
-    return {"object_store": ObjectStoreWeightSync, "collective": CollectiveWeightSync}[spec]()
+    return BACKENDS[resolve_weight_sync_name(placement, spec)]()
+
+
+def weight_sync_kind(backend: WeightSync) -> str:
+    """The name of a backend object's kind, as the setup rules read it: ``"object_store"``,
+    ``"collective"``, ``"inprocess"``, or ``"other"`` (a user's own backend)."""
+    return next((name for name, cls in BACKENDS.items() if isinstance(backend, cls)), "other")

@@ -31,13 +31,11 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-import ray
-
 from unirl_lightning.engines.base import is_engine_dead
 from unirl_lightning.rollout.records import Rollout, RolloutRequest
 from unirl_lightning.timeline import clamp_span
 
-__all__ = ["CallPart", "GenerationCall"]
+__all__ = ["CallPart", "GenerationCall", "WorkerSubset", "merge_results"]
 
 log = logging.getLogger(__name__)
 
@@ -123,6 +121,8 @@ class GenerationCall:
 
     def _check(self, block_s: float) -> bool:
         """Collect finished parts, replace dead or overdue workers; True once every part is done."""
+        import ray
+
         waiting = [p for p in self._parts if not p.done]
         if waiting:
             finished, _ = ray.wait(
@@ -142,6 +142,8 @@ class GenerationCall:
         return all(p.done for p in self._parts)
 
     def _settle(self, part: CallPart) -> None:
+        import ray
+
         if part.score_ref is not None:
             self._settle_score(part)
             return
@@ -167,6 +169,8 @@ class GenerationCall:
         part.reaped_at = time.time()
 
     def _settle_score(self, part: CallPart) -> None:
+        import ray
+
         try:
             ray.get(part.score_ref, timeout=0)
         except ray.exceptions.RayActorError as exc:  # the reward worker died
@@ -206,8 +210,10 @@ class GenerationCall:
                         )
 
     def result(self) -> dict[str, Any]:
+        import ray
+
         self.wait()
-        return _merge_generate(ray.get([p.final_ref for p in self._parts]), self._parts)
+        return merge_results(ray.get([p.final_ref for p in self._parts]), self._parts)
 
 
 def _part_span(result: dict[str, Any], part: CallPart) -> dict[str, Any]:
@@ -225,7 +231,9 @@ def _part_span(result: dict[str, Any], part: CallPart) -> dict[str, Any]:
     }
 
 
-def _merge_generate(parts: list[dict[str, Any]], calls: list[CallPart] | None = None) -> dict[str, Any]:
+def merge_results(parts: list[dict[str, Any]], calls: list[CallPart] | None = None) -> dict[str, Any]:
+    """One call's result from its parts' ``RolloutWorker.generate`` results (in worker order): every
+    group, the slowest part's generation and scoring times, and one timeline span per part."""
     groups: list[list[Rollout]] = []
     for part in parts:
         groups.extend(part["groups"])
@@ -238,3 +246,10 @@ def _merge_generate(parts: list[dict[str, Any]], calls: list[CallPart] | None = 
             p["score_span"] for p in parts if "score_span" in p
         ],  # reward workers' (clocks of theirs)
     }
+
+
+@dataclass
+class WorkerSubset:
+    """Some workers of a group, shaped like the group for a weight-sync backend (``.workers``)."""
+
+    workers: list[Any]

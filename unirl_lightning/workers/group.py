@@ -19,22 +19,25 @@ Contract:
   or :class:`~unirl_lightning.workers.agentic_actor.AgenticRolloutWorker` for episodes).
 * :meth:`RolloutWorkerGroup.shutdown` kills every actor; it runs on normal exit, on error and on
   Ctrl-C (the strategy calls it), and at interpreter exit as a last resort.
+* Ray's connection is the group's: :meth:`RolloutWorkerGroup.connect` (every rank, before any worker
+  starts: rank 0 starts or joins Ray, the others join it), :meth:`RolloutWorkerGroup.leave` (a joined
+  rank at teardown) and :meth:`RolloutWorkerGroup.release` (the local Ray this process started).
 """
 
 from __future__ import annotations
 
 import atexit
 import logging
-from collections.abc import Callable
-from dataclasses import dataclass
+import math
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import ray
 
 from unirl_lightning.rollout.records import RolloutRequest
 from unirl_lightning.workers.actor import RolloutWorker
-from unirl_lightning.workers.calls import GenerationCall
-from unirl_lightning.workers.cluster import ensure_ray
+from unirl_lightning.workers.calls import GenerationCall, WorkerSubset
+from unirl_lightning.workers.cluster import connect_ranks, ensure_ray, shutdown_ray_if_owned
 from unirl_lightning.workers.placement import Layout, check_free, place_workers
 
 __all__ = ["RolloutWorkerGroup", "WorkerSubset"]
@@ -60,6 +63,9 @@ class RolloutWorkerGroup:
         max_restarts: replacements of dead or hung workers allowed over the group's life.
         log_every_s: a wait logs the workers it waits for at this interval.
         worker_cls: the actor class (:class:`~unirl_lightning.workers.actor.RolloutWorker` or a subclass).
+        shares_trainer_device: the workers run on the training device (``placement="colocate"``): the
+            runtime puts them to sleep while the trainer trains.
+        share_weights: unused by Ray workers (their weights always travel); the in-process group's flag.
 
     Example::
 
@@ -87,7 +93,10 @@ class RolloutWorkerGroup:
         log_every_s: float = 30.0,
         worker_cls: type = RolloutWorker,
         reward_pool: Any = None,
+        shares_trainer_device: bool = False,
+        share_weights: bool = False,
     ) -> None:
+        self.shares_trainer_device = shares_trainer_device
         if num_workers < 1:
             raise ValueError(f"num_workers must be >= 1, got {num_workers}")
         ensure_ray()
@@ -128,6 +137,40 @@ class RolloutWorkerGroup:
         except BaseException:
             self.shutdown()  # the actors and their placement groups
             raise
+
+    # -- Ray's connection, shared by the run's processes -----------------------------------------
+    @classmethod
+    def connect(
+        cls,
+        rank: int,
+        world_size: int,
+        settings: Any,
+        trainer_devices: Sequence[Any],
+        broadcast: Callable[..., Any],
+    ) -> None:
+        """One Ray for every rank (a collective: every rank calls it): rank 0 starts (or joins
+        ``RAY_ADDRESS``) it, the others join it. A Ray it starts sees only the GPUs the training ranks
+        (``trainer_devices``) leave, all of them when the workers share the trainer's device."""
+        workers = world_size * settings.num_workers
+        devices = [] if settings.shares_trainer_device else list(trainer_devices)
+        cpus, gpus = math.ceil(workers * settings.num_cpus_per_worker), workers * settings.num_gpus_per_worker
+        scoring = getattr(settings, "reward_workers", None)
+        if scoring is not None:  # the reward workers' share of the spare GPUs and the CPUs
+            scorers = world_size * scoring.num_workers
+            cpus += math.ceil(scorers * scoring.num_cpus_per_worker)
+            gpus += scorers * scoring.num_gpus_per_worker
+        connect_ranks(rank, cpus, broadcast, devices, gpus)
+
+    @classmethod
+    def leave(cls, rank: int) -> None:
+        """A joined rank (not rank 0) leaves Ray at teardown, before rank 0 stops it."""
+        if rank != 0 and ray.is_initialized():
+            ray.shutdown()
+
+    @classmethod
+    def release(cls) -> None:
+        """Stop the local Ray this process started, if any (safe to call twice)."""
+        shutdown_ray_if_owned()
 
     def _new_actor(self, index: int) -> Any:
         """Worker ``index``'s actor, with its own options (and placement group) each time."""
@@ -215,10 +258,3 @@ class RolloutWorkerGroup:
         self.workers = []
         if getattr(self, "_placement", None) is not None:
             self._placement.remove()
-
-
-@dataclass
-class WorkerSubset:
-    """Some workers of a group, shaped like the group for a weight-sync backend (``.workers``)."""
-
-    workers: list[Any]

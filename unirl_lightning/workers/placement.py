@@ -16,14 +16,12 @@ from __future__ import annotations
 
 import json
 import os
+import socket
+import sys
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from typing import Any, Literal
-
-import ray
-from ray.util.placement_group import placement_group, remove_placement_group
-from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 Layout = Literal["actor", "per_gpu"]
 _EPS = 1e-9
@@ -144,6 +142,8 @@ def missing_resources(wanted: dict[str, float], free: dict[str, float]) -> dict[
 
 def _free(keys: Sequence[str]) -> dict[str, Any]:
     """Ray's free amounts of ``keys`` (CPU and GPU always), in all and per node."""
+    import ray
+
     keys = list(dict.fromkeys(["CPU", "GPU", *keys]))
     free: dict[str, Any] = {k: ray.available_resources().get(k, 0.0) for k in keys}
     try:  # Ray has no public call for the free resources per node
@@ -159,6 +159,8 @@ def _free(keys: Sequence[str]) -> dict[str, Any]:
 
 def check_free(num_workers: int, bundles: list[dict[str, float]]) -> None:
     """Fail at once when Ray has less free (``ray.available_resources()``) than the workers take."""
+    import ray
+
     wanted = wanted_resources(num_workers, bundles)
     missing = missing_resources(wanted, ray.available_resources())
     if missing:
@@ -180,6 +182,9 @@ class WorkerPlacement:
 
     def remove(self) -> None:
         """Remove the placement groups (their actors die with them); idempotent."""
+        import ray
+        from ray.util.placement_group import remove_placement_group
+
         for group in self.groups if ray.is_initialized() else []:  # a Ray call would start a fresh Ray
             with suppress(Exception):  # already removed, or Ray gone
                 remove_placement_group(group)
@@ -197,6 +202,10 @@ def place_workers(
     """One placement group per worker, all ready within ``timeout_s``, else none and a
     :class:`PlacementError`. ``resources`` are the worker's extra resources (a custom label such
     as ``{"rollout_node": 1}``, or ``{"node:10.0.0.5": 0.01}``) and go into its first bundle."""
+    import ray
+    from ray.util.placement_group import placement_group
+    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
     bundles, strategy = worker_bundles(num_cpus_per_worker, num_gpus_per_worker, resources, layout)
     check_free(num_workers, bundles)
     groups = [placement_group(bundles, strategy=strategy) for _ in range(num_workers)]
@@ -224,6 +233,8 @@ def place_workers(
 
 def actor_placement_info() -> dict[str, Any]:
     """Where the calling actor (or task) runs: node, its Ray GPU ids and ``CUDA_VISIBLE_DEVICES``."""
+    import ray
+
     ctx = ray.get_runtime_context()
     group = ray.util.get_current_placement_group()
     return {
@@ -243,15 +254,37 @@ class PlacementProbe:
         return actor_placement_info()
 
 
-@ray.remote(num_cpus=0)
-def probe_task() -> dict[str, Any]:
-    """:func:`actor_placement_info` as a task: ``probe_task.options(**worker_options).remote()``."""
+def _probe() -> dict[str, Any]:
     return actor_placement_info()
+
+
+def __getattr__(name: str) -> Any:
+    """``probe_task``: :func:`actor_placement_info` as a Ray task (``probe_task.options(**worker_options)
+    .remote()``), made on first use so that importing this module does not import ``ray``."""
+    if name != "probe_task":
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    import ray
+
+    task = ray.remote(num_cpus=0)(_probe)
+    globals()["probe_task"] = task
+    return task
+
+
+def local_node_ip() -> str:
+    """This node's IP address: Ray's view of it when this process is connected to Ray, else the
+    host name's address (an in-process engine's run has no Ray)."""
+    ray = sys.modules.get("ray")
+    if ray is not None and ray.is_initialized():
+        return ray.util.get_node_ip_address()
+    try:
+        return socket.gethostbyname(socket.gethostname())
+    except OSError:
+        return "127.0.0.1"
 
 
 def trainer_placement_info(rank: int, device: Any, visible_ids: Sequence[str], node_ip: str = "") -> dict:
     """A training rank's entry of the report (``visible_ids``: :func:`visible_gpu_ids` of its node)."""
-    k, ip = cuda_index(device), node_ip or ray.util.get_node_ip_address()
+    k, ip = cuda_index(device), node_ip or local_node_ip()
     return {
         "rank": rank,
         "node_ip": ip,
@@ -298,7 +331,8 @@ def placement_report(
     ]
     rows += [
         ("worker", f"{w['worker']}" + (f" (rank {w['rank']})" if "rank" in w else ""), w["node_ip"],
-         (w.get("node_id") or "")[:8], ",".join(w.get("gpu_ids", [])), str(w.get("cuda_visible_devices")))
+         (w.get("node_id") or "")[:8], ",".join(w.get("gpu_ids", [])),
+         f"{w['device']} (in the trainer's process)" if w.get("in_process") else str(w.get("cuda_visible_devices")))
         for w in workers
     ]  # fmt: skip
     rows += [
