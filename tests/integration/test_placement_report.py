@@ -12,7 +12,7 @@ import pytest
 import ray
 import torch
 
-import unirl_lightning.workers as workers_package
+import unirl_lightning.workers.factory as factory
 from tests.builders import fit_tiny, rollout_settings
 from unirl_lightning.engines.vllm import VLLMEngineConfig
 from unirl_lightning.models import TinyCausalLM
@@ -36,7 +36,7 @@ def test_the_runtime_hands_the_placement_settings_to_the_worker_group(monkeypatc
         def __init__(self, *args, **kwargs):
             asked.update(kwargs)
 
-    monkeypatch.setattr(workers_package, "RolloutWorkerGroup", RecordingGroup)
+    monkeypatch.setattr(factory, "worker_group_class", lambda placement: RecordingGroup)
     rt = runtime(num_gpus_per_worker=2, worker_resources={"rollout_node": 1}, worker_layout="per_gpu")
     rt._make_controller = lambda state: SimpleNamespace(weight_version=0)
     rt.start(policy=None)
@@ -123,7 +123,7 @@ def test_a_placement_that_fails_its_check_fails_before_the_first_push(monkeypatc
     """The strategy's placement report runs between the workers' start and the first push: a worker on
     a training GPU fails with the overlap named, and no weight has been pushed (on GPUs a misplaced
     push would fail inside NCCL instead)."""
-    monkeypatch.setattr(workers_package, "RolloutWorkerGroup", lambda *args, **kwargs: SimpleNamespace())
+    monkeypatch.setattr(factory, "worker_group_class", lambda placement: lambda *args, **kwargs: SimpleNamespace())
     pushes = []
     rt = runtime()
     rt.weight_sync = SimpleNamespace(push=lambda *args: pushes.append(args))
@@ -153,7 +153,7 @@ def test_reward_workers_start_beside_the_rollout_workers_which_then_score_nothin
         def __init__(self, reward, settings, max_restarts):
             pools.append((reward, settings, max_restarts))
 
-    monkeypatch.setattr(workers_package, "RolloutWorkerGroup", RecordingGroup)
+    monkeypatch.setattr(factory, "worker_group_class", lambda placement: RecordingGroup)
     monkeypatch.setattr(reward_module, "RewardWorkerPool", RecordingPool)
     rt = runtime(reward_workers={"num_workers": 2, "num_gpus_per_worker": 0.5}, max_worker_restarts=2)
     rt.spec.reward = "the module's reward"

@@ -40,6 +40,31 @@ __all__ = ["CallPart", "GenerationCall", "WorkerSubset", "merge_results"]
 log = logging.getLogger(__name__)
 
 
+def call_every(
+    workers: list[Any], who: str, method: str, *args: Any, timeout_s: float | None = 600.0, **kwargs: Any
+) -> list[Any]:
+    """Call ``method`` on every actor of ``workers`` and wait for all answers (at most ``timeout_s``;
+    ``TimeoutError`` naming ``who`` and the method past it)."""
+    import ray
+
+    refs = [getattr(w, method).remote(*args, **kwargs) for w in workers]
+    try:
+        return ray.get(refs, timeout=timeout_s)
+    except ray.exceptions.GetTimeoutError as exc:
+        raise TimeoutError(f"{who} did not answer {method}() within {timeout_s} s") from exc
+
+
+def kill_actors(workers: list[Any]) -> None:
+    """Kill every actor of ``workers`` (best effort, at teardown)."""
+    import ray
+
+    for worker in workers:
+        try:
+            ray.kill(worker)
+        except Exception:  # noqa: BLE001 - best effort at teardown
+            pass
+
+
 @dataclass
 class CallPart:
     """One worker's share of a call: what it was asked, on which actor, since when, with what result."""

@@ -36,7 +36,7 @@ import ray
 
 from unirl_lightning.rollout.records import RolloutRequest
 from unirl_lightning.workers.actor import RolloutWorker
-from unirl_lightning.workers.calls import GenerationCall, WorkerSubset
+from unirl_lightning.workers.calls import GenerationCall, WorkerSubset, call_every, kill_actors
 from unirl_lightning.workers.cluster import connect_ranks, ensure_ray, shutdown_ray_if_owned
 from unirl_lightning.workers.placement import Layout, check_free, place_workers
 
@@ -235,11 +235,7 @@ class RolloutWorkerGroup:
 
     def call(self, method: str, *args: Any, timeout_s: float | None = 600.0, **kwargs: Any) -> list[Any]:
         """Call ``method`` on every worker and wait for all answers (at most ``timeout_s``)."""
-        refs = [getattr(w, method).remote(*args, **kwargs) for w in self.workers]
-        try:
-            return ray.get(refs, timeout=timeout_s)
-        except ray.exceptions.GetTimeoutError as exc:
-            raise TimeoutError(f"rollout workers did not answer {method}() within {timeout_s} s") from exc
+        return call_every(self.workers, "rollout workers", method, *args, timeout_s=timeout_s, **kwargs)
 
     def shutdown(self) -> None:
         """Close every engine (best effort, a few seconds), kill the actors, remove their placement
@@ -250,11 +246,7 @@ class RolloutWorkerGroup:
                 ray.get([w.close.remote() for w in workers], timeout=10)
             except Exception:  # noqa: BLE001 - a dead or stuck worker is killed below
                 pass
-            for worker in workers:
-                try:
-                    ray.kill(worker)
-                except Exception:  # noqa: BLE001 - best effort at teardown
-                    pass
+            kill_actors(workers)
         self.workers = []
         if getattr(self, "_placement", None) is not None:
             self._placement.remove()

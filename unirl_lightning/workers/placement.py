@@ -271,10 +271,10 @@ def __getattr__(name: str) -> Any:
 
 
 def local_node_ip() -> str:
-    """This node's IP address: Ray's view of it when this process is connected to Ray, else the
-    host name's address (an in-process engine's run has no Ray)."""
+    """This node's IP address as Ray sees it (the address the workers report) when Ray is imported,
+    else the host name's address (an in-process engine's run has no Ray)."""
     ray = sys.modules.get("ray")
-    if ray is not None and ray.is_initialized():
+    if ray is not None:
         return ray.util.get_node_ip_address()
     try:
         return socket.gethostbyname(socket.gethostname())

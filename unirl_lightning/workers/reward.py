@@ -36,6 +36,7 @@ from typing import Any
 import ray
 
 from unirl_lightning.workers.actor import score_groups
+from unirl_lightning.workers.calls import call_every, kill_actors
 from unirl_lightning.workers.cluster import ensure_ray
 from unirl_lightning.workers.placement import check_free, place_workers
 
@@ -158,21 +159,13 @@ class RewardWorkerPool:
 
     def call(self, method: str, *args: Any, timeout_s: float | None = 600.0, **kwargs: Any) -> list[Any]:
         """Call ``method`` on every reward worker and wait for all answers (at most ``timeout_s``)."""
-        refs = [getattr(w, method).remote(*args, **kwargs) for w in self.workers]
-        try:
-            return ray.get(refs, timeout=timeout_s)
-        except ray.exceptions.GetTimeoutError as exc:
-            raise TimeoutError(f"reward workers did not answer {method}() within {timeout_s} s") from exc
+        return call_every(self.workers, "reward workers", method, *args, timeout_s=timeout_s, **kwargs)
 
     def shutdown(self) -> None:
         """Kill the actors and remove their placement groups (safe to call twice)."""
         workers = getattr(self, "workers", [])
         if workers and ray.is_initialized():  # without Ray a call would start a fresh one
-            for worker in workers:
-                try:
-                    ray.kill(worker)
-                except Exception:  # noqa: BLE001 - best effort at teardown
-                    pass
+            kill_actors(workers)
         self.workers = []
         if self._placement is not None:
             self._placement.remove()
