@@ -22,10 +22,11 @@ class RayBlocker(importlib.abc.MetaPathFinder):
         return None
 
 
-sys.meta_path.insert(0, RayBlocker())
-atexit.register(lambda: print(f"RAY_IMPORTS={len(attempts)} {sorted(set(attempts))[:5]}", file=sys.stderr))
-
-if __name__ == "__main__":
+if __name__ == "__main__":  # only as the script: importing this file (pytest's collection) blocks nothing
+    sys.meta_path.insert(0, RayBlocker())
+    atexit.register(
+        lambda: print(f"RAY_IMPORTS={len(attempts)} {sorted(set(attempts))[:5]}", file=sys.stderr)
+    )
     mode, target, *rest = sys.argv[1:]
     sys.argv = [target, *rest]
     if mode == "-m":
