@@ -69,6 +69,9 @@ def test_resume_with_interrupted_samples_in_flight_relaunches_them_from_the_prom
         )
 
     first, loop1 = fit_recording(tmp_path, strategy(), unique_prompts(), max_steps=3)
+    # the second run rewrites last.ckpt: what the first one left is read before it starts
+    saved = torch.load(tmp_path / "ckpt" / "last.ckpt", weights_only=True)
+    held = saved_value(saved, "resume_dropped_partials")
     second, loop2 = fit_recording(
         tmp_path, strategy(), unique_prompts(), max_steps=6, ckpt_path=str(tmp_path / "ckpt" / "last.ckpt")
     )
@@ -77,9 +80,6 @@ def test_resume_with_interrupted_samples_in_flight_relaunches_them_from_the_prom
     assert {p for s in first.steps for p in s["prompts"]} <= set(trained)
     # the partial samples in flight at the checkpoint (how many depends on the timing) were dropped,
     # counted, and their prompts relaunched (none lost, none trained twice: above)
-    held = saved_value(
-        torch.load(tmp_path / "ckpt" / "last.ckpt", weights_only=True), "resume_dropped_partials"
-    )
     assert held is not None and loop2.resume_dropped_partials >= held
     assert loop2.evicted_groups == 0 and loop2.interrupt_dropped == 0
 
