@@ -9,6 +9,7 @@ import importlib
 import importlib.util
 import inspect
 import os
+import zipfile
 from pathlib import Path
 from typing import Any
 
@@ -132,14 +133,9 @@ def checkpoint_hyperparameters(ckpt_path: str | None) -> dict[str, Any]:
         path = path / SHARDED_METADATA
     if path is None or not path.is_file():
         return {}
-    try:  # memory-mapped where the file allows it (torch's zip format), else read
-        saved = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
-    except RuntimeError:
-        try:
-            saved = torch.load(path, map_location="cpu", weights_only=True)
-        except Exception:  # not a checkpoint: the subcommand's own check names the path
-            return {}
-    except Exception:
+    try:  # memory-mapped where the file allows it (torch's zip format: the weights are not read)
+        saved = torch.load(path, map_location="cpu", weights_only=True, mmap=zipfile.is_zipfile(path))
+    except Exception:  # not a checkpoint: the subcommand's own check names the path
         return {}
     hparams = dict(saved.get("hyper_parameters") or {}) if isinstance(saved, dict) else {}
     return {k: v for k, v in hparams.items() if k not in ("_class_path", "_instantiator")}
