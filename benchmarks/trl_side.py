@@ -160,7 +160,7 @@ def timed_run(cfg: dict[str, Any]) -> dict[str, Any]:
             self.stamps.append(time.perf_counter())
 
     clock = Clock()
-    records = make_task("digit_successor", 1024, cfg["seed"], prefix_len=8)
+    records = make_task("digit_successor", 1024, cfg["seed"], prefix_len=cfg.get("prefix_len", 8))
     with tempfile.TemporaryDirectory(prefix="trl-") as out:
         trainer = make_trl_trainer(
             cfg["model_dir"],

@@ -7,6 +7,8 @@ step, lr 1e-6 so nothing changes length, fp32, temperature 1):
 
 * ``base``: 16 new tokens per completion (the issue's workload);
 * ``long``: 64 new tokens per completion (generation-heavier);
+* ``wide``: another model shape and prompt length: a random-init Llama of hidden 256, 2 layers, MLP
+  512, and a 24-digit distractor prefix (prompts about three times as long), 32 new tokens;
 * ``smollm2``: the real SmolLM2-135M-Instruct (float32, its own tokenizer, every end token
   suppressed), 4 prompts x 4 samples x 16 new tokens per step (``--workloads smollm2``; each step
   takes seconds, not tenths).
@@ -56,8 +58,11 @@ import common
 import trl_side
 import vs_trl_report as report
 
-WORKLOADS = {"base": 16, "long": 64, "smollm2": 16}  # new tokens per completion
-DEFAULT_WORKLOADS = ["base", "long"]
+WORKLOADS = {"base": 16, "long": 64, "wide": 32, "smollm2": 16}  # new tokens per completion
+DEFAULT_WORKLOADS = ["base", "wide"]
+TINY_SHAPE = {"hidden": 128, "layers": 4, "intermediate": 256}
+MODEL_SHAPE = {"wide": {"hidden": 256, "layers": 2, "intermediate": 512}}  # others: TINY_SHAPE
+PREFIX_LEN = {"wide": 24}  # digits of distractor before the question; others 8
 WORKLOAD_SHAPE = {"smollm2": {"prompts": 4, "group": 4}}  # overrides of --prompts / --group
 OURS_SYNC = {"side": "ours", "max_staleness": 0, "max_inflight": 1}
 CONFIGS: dict[str, dict[str, Any]] = {
@@ -80,6 +85,43 @@ DEFAULT_CONFIGS = ["trl-1t", "trl-2t", "sync", "sync-2t", "async", "hybrid", "hy
 
 
 # -- one configuration (child process) -------------------------------------------------------------
+def cpu_snapshot() -> dict[int, tuple[str, float]]:
+    """Every process's title and CPU seconds (user + system) now."""
+    import psutil
+
+    rows = {}
+    for proc in psutil.process_iter(["pid", "name", "cmdline", "cpu_times"]):
+        times = proc.info["cpu_times"]
+        if times is not None:
+            rows[proc.info["pid"]] = (
+                " ".join(proc.info["cmdline"] or []) or proc.info["name"] or "?",
+                times.user + times.system,
+            )
+    return rows
+
+
+def cpu_share(
+    before: dict[int, tuple[str, float]], after: dict[int, tuple[str, float]], seconds: float
+) -> dict[str, float]:
+    """The cores each kind of process used over the timed window (CPU seconds / wall seconds; 2.0 is
+    both cores of this machine): the run's own process, its rollout worker, Ray's other processes."""
+    import os
+
+    me = os.getpid()
+    used: dict[str, float] = {}
+    for pid, (title, cpu) in after.items():
+        if pid == me:
+            kind = "trainer"
+        elif "RolloutWorker" in title:
+            kind = "rollout worker"
+        elif title.startswith("ray::") or "/ray/" in title or "raylet" in title or "gcs_server" in title:
+            kind = "ray (other)"
+        else:
+            kind = "other"
+        used[kind] = used.get(kind, 0.0) + cpu - before.get(pid, (title, 0.0))[1]
+    return {kind: round(value / seconds, 3) for kind, value in sorted(used.items())}
+
+
 def child_ours(cfg: dict[str, Any]) -> dict[str, Any]:
     import torch
     from lightning.pytorch import Callback, Trainer, seed_everything
@@ -92,9 +134,14 @@ def child_ours(cfg: dict[str, Any]) -> dict[str, Any]:
         def __init__(self) -> None:
             self.stamps: list[float] = []
             self.metrics: list[dict[str, float]] = []
+            self.cpu: list[dict[str, Any]] = []  # every process's CPU time, at the timed window's ends
 
         def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):  # noqa: ANN001, ANN201
+            if len(self.stamps) + 1 == cfg["warmup"]:  # the window's start: sampled before its stamp
+                self.cpu.append(cpu_snapshot())
             self.stamps.append(time.perf_counter())
+            if len(self.stamps) == cfg["warmup"] + cfg["steps"]:  # its end: after its stamp
+                self.cpu.append(cpu_snapshot())
             metrics = {k: float(v) for k, v in trainer.callback_metrics.items()}
             metrics.update(pl_module.last_logged_metrics)  # the figures written straight to the loggers
             metrics["rows"] = float(batch.num_rows)
@@ -130,7 +177,10 @@ def child_ours(cfg: dict[str, Any]) -> dict[str, Any]:
         limit_val_batches=0,
     )
     data = PromptDataModule(
-        train="digit_successor", batch_size=cfg["prompts"], task_kwargs={"prefix_len": 8}, seed=cfg["seed"]
+        train="digit_successor",
+        batch_size=cfg["prompts"],
+        task_kwargs={"prefix_len": cfg["prefix_len"]},
+        seed=cfg["seed"],
     )
     try:
         trainer.fit(module, datamodule=data)
@@ -157,6 +207,7 @@ def child_ours(cfg: dict[str, Any]) -> dict[str, Any]:
         "overlap": mean("perf/overlap"),
         "sync_share": mean("sync/time_s") * steps / seconds,
         "max_staleness_seen": max(m.get("rollout/staleness_max", 0.0) for m in timed),
+        "cpu_share": cpu_share(*clock.cpu, seconds) if len(clock.cpu) == 2 else None,
         "torch_threads": torch.get_num_threads(),
     }
 
@@ -175,13 +226,19 @@ def run(config: dict[str, Any]) -> dict[str, Any]:
     suppress = config["stopping"] == "suppressed"
     runs: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="vs-trl-model-") as model_dir:
-        model = common.build_model_dir(
-            model_dir, hidden=128, layers=4, intermediate=256, seed=config["seed"], suppress_eos=suppress
-        )
+        tiny = common.build_model_dir(model_dir, **TINY_SHAPE, seed=config["seed"], suppress_eos=suppress)
+        models: dict[str, Any] = {"tiny": tiny}
         model_dirs = {workload: model_dir for workload in config["workloads"]}
-        if "smollm2" in config["workloads"]:
-            model_dirs["smollm2"] = str(Path(model_dir) / "smollm2")
-            model = {"tiny": model, "smollm2": common.build_smollm2_dir(model_dirs["smollm2"], suppress)}
+        for workload in config["workloads"]:
+            if workload in MODEL_SHAPE:
+                model_dirs[workload] = str(Path(model_dir) / workload)
+                models[workload] = common.build_model_dir(
+                    model_dirs[workload], **MODEL_SHAPE[workload], seed=config["seed"], suppress_eos=suppress
+                )
+            elif workload == "smollm2":
+                model_dirs[workload] = str(Path(model_dir) / workload)
+                models[workload] = common.build_smollm2_dir(model_dirs[workload], suppress)
+        model = tiny if len(models) == 1 else models
         for run_index in range(config["runs"]):
             for workload in config["workloads"]:
                 for name in config["configs"]:
@@ -191,6 +248,7 @@ def run(config: dict[str, Any]) -> dict[str, Any]:
                         "run": run_index,
                         "model_dir": model_dirs[workload],
                         "max_new_tokens": WORKLOADS[workload],
+                        "prefix_len": PREFIX_LEN.get(workload, 8),
                         "steps": config["steps"] if workload == "base" else config["steps_long"],
                         "warmup": config["warmup"],
                         "prompts": config["prompts"],
@@ -222,7 +280,9 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="a smoke run: 1 run, 2+3 steps per config")
     parser.add_argument("--runs", type=int, default=3, help="runs per configuration (median reported)")
     parser.add_argument("--steps", type=int, default=16, help="timed steps, base workload")
-    parser.add_argument("--steps-long", type=int, default=6, help="timed steps, long and smollm2 workloads")
+    parser.add_argument(
+        "--steps-long", type=int, default=6, help="timed steps, long, wide and smollm2 workloads"
+    )
     parser.add_argument("--warmup", type=int, default=2, help="untimed steps at the start of every run")
     parser.add_argument("--workloads", nargs="+", default=DEFAULT_WORKLOADS, choices=list(WORKLOADS))
     parser.add_argument("--configs", nargs="+", default=DEFAULT_CONFIGS, choices=list(CONFIGS))
