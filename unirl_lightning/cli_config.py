@@ -18,7 +18,7 @@ from lightning.pytorch.callbacks import ModelCheckpoint, ProgressBar
 
 from unirl_lightning.imports import import_callable
 from unirl_lightning.plan import FSDP_STRATEGY, world_size
-from unirl_lightning.preflight import sync_replacement_error, weight_sync_placement_error
+from unirl_lightning.preflight import hybrid_engine_error, sync_replacement_error, weight_sync_placement_error
 
 
 def _strategy_settings(trainer: Any) -> dict[str, Any] | None:
@@ -45,6 +45,7 @@ def _strategy_settings(trainer: Any) -> dict[str, Any] | None:
             "sync_mode",
             "weight_sync",
             "max_worker_restarts",
+            "engine",
         )
     }
 
@@ -197,8 +198,9 @@ def _backend_kind(node: Any) -> str:
 
 def check_combinations(config: Any) -> None:
     """Reject configurations that parse but cannot run, before anything is built; the message names
-    the keys: :func:`check_rollout_combinations`, and
-    :func:`~unirl_lightning.preflight.sync_replacement_error` (``plan`` applies the latter itself)."""
+    the keys: :func:`check_rollout_combinations`,
+    :func:`~unirl_lightning.preflight.sync_replacement_error` and
+    :func:`~unirl_lightning.preflight.hybrid_engine_error` (``plan`` applies the last two itself)."""
     settings = check_rollout_combinations(config)
     if settings is None:
         return
@@ -206,6 +208,10 @@ def check_combinations(config: Any) -> None:
     sharded = trainer.get("strategy").get("class_path") == FSDP_STRATEGY
     restarts = int(settings["max_worker_restarts"])
     error = sync_replacement_error(str(settings["weight_sync"]), sharded, world_size(trainer), restarts)
+    if error is None:
+        engine = settings["engine"]
+        engine = str(engine.get("class_path") or "") if hasattr(engine, "get") else str(engine)
+        error = hybrid_engine_error(str(settings["placement"]), engine, world_size(trainer))
     if error is not None:
         raise ValueError(f"trainer.strategy.init_args: {error}")
 

@@ -30,6 +30,7 @@ from typing import Any
 from unirl_lightning.preflight import (
     SHARED_DEVICE_PLACEMENTS,
     chat_template_warning,
+    hybrid_engine_error,
     multi_node_ray_error,
     precision_warning,
     resolve_weight_sync_name,
@@ -191,6 +192,11 @@ def plan_recipe(config: dict[str, Any], cluster: Cluster, shape: ModelShape | No
     error = sync_replacement_error(str(weight_sync), sharded, world, restarts)
     if error:
         findings.append(Finding("error", "trainer.strategy.init_args.max_worker_restarts", error))
+    engine = rollout.get("engine", "auto")
+    engine = str(engine.get("class_path", "")) if isinstance(engine, dict) else str(engine)
+    error = hybrid_engine_error(placement, engine, world)
+    if error:
+        findings.append(Finding("error", "trainer.strategy.init_args.engine", error))
     multi_node = multi_node_ray_error(int(trainer.get("num_nodes") or 1), None)
     if multi_node:  # fit refuses it unless RAY_ADDRESS is set at launch
         findings.append(Finding("warning", "trainer.num_nodes", "at launch: " + multi_node))

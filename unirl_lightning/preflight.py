@@ -15,6 +15,7 @@ __all__ = [
     "SHARED_DEVICE_PLACEMENTS",
     "chat_template_warning",
     "fused_optimizer_allowed",
+    "hybrid_engine_error",
     "interrupt_placement_error",
     "multi_node_ray_error",
     "placement_schedule_error",
@@ -132,6 +133,22 @@ def weight_sync_placement_error(placement: str, weight_sync: str) -> str | None:
             f"'collective' (or 'auto'), or placement='hybrid'"
         )
     return None
+
+
+def hybrid_engine_error(placement: str, engine: str, world_size: int) -> str | None:
+    """``placement="hybrid"`` with vLLM (``engine``: ``"vllm"``, or its config's class name or path) runs
+    on one training rank: vLLM's engine core in a training process would build its parallel state over
+    the trainer's process group (and tear it down when it closes), and its worker takes device 0 on
+    every rank. Several ranks serve in-process with the HF engine, or with vLLM in Ray workers."""
+    vllm = engine == "vllm" or engine.rpartition(".")[2] == "VLLMEngineConfig"
+    if placement not in IN_PROCESS_PLACEMENTS or not vllm or world_size <= 1:
+        return None
+    return (
+        f"placement={placement!r} with engine='vllm' runs vLLM in the training process of one rank only, "
+        f"got {world_size} training ranks (vLLM's in-process engine would build its parallel state over "
+        "the trainer's process group and put every rank's worker on device 0): use engine='hf' with "
+        "several ranks, or placement='colocate' (vLLM in Ray workers on the training GPUs)"
+    )
 
 
 def fused_optimizer_allowed(precision: str | int | None) -> bool:

@@ -44,8 +44,9 @@ from unirl_lightning.abort import CrossRankAbort
 from unirl_lightning.checkpoint_io import AtomicCheckpointIO
 from unirl_lightning.checks import require_positive
 from unirl_lightning.cli_types import NonNegativeInt, PositiveInt
-from unirl_lightning.engines import EngineConfig, EngineName
+from unirl_lightning.engines import EngineConfig, EngineName, engine_name
 from unirl_lightning.preflight import (
+    hybrid_engine_error,
     multi_node_ray_error,
     sync_replacement_error,
     weight_sync_placement_error,
@@ -227,6 +228,8 @@ class RolloutStrategyMixin:
             error = multi_node_ray_error(
                 int(getattr(self, "num_nodes", 1) or 1), os.environ.get("RAY_ADDRESS")
             )
+        if error is None:
+            error = hybrid_engine_error(self.rollout.placement, engine_name(self.rollout.engine), world_size)
         if error is not None:
             raise ValueError(error)
 

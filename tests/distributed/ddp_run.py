@@ -1,10 +1,12 @@
 """A GRPO run on 2 DDP or FSDP training ranks (CPU, gloo) with one rollout worker per rank, as a script: the
 tests run it in a subprocess (Lightning's DDP launcher re-runs this script for rank 1) and read the
 ``rank<r>.json`` file each rank writes: every step's version, row versions, gen_ids, prompts and
-metrics, a checksum of the trained weights and whether the workers hold them bit for bit.
+metrics, a checksum of the trained weights and of what each worker serves, whether the workers hold
+them bit for bit, the workers' pids and whether the rank imported Ray.
 
     python tests/distributed/ddp_run.py --out DIR --mode sync|async --max-steps N [--ckpt PATH]
-        [--parallel ddp|fsdp] [--sharded-checkpoint] [--weight-sync object_store|collective]
+        [--parallel ddp|fsdp] [--sharded-checkpoint] [--weight-sync object_store|collective|inprocess]
+        [--placement separate|hybrid]
         [--timeout-s S] [--kill-worker-rank R --kill-at-step K] [--raise-rank R --raise-at-step K]
         [--raise-reward-rank R --raise-at-call K]
 
@@ -83,6 +85,10 @@ class Record(Callback):
             "held_fraction": held / total,
             "workers_equal_at_start": self.workers_equal_at_start,
             "workers_equal": workers_hold(trainer, trainer_state),
+            "worker_checksums": worker_checksums(trainer),
+            "worker_pids": [w["pid"] for w in strategy.runtime.workers.call("placement_info")],
+            "pid": os.getpid(),
+            "ray_imported": "ray" in sys.modules,
             "next_gen_id": loop.controller.next_gen_id,
             "untrained": sorted(loop.untrained),
             "evicted": list(loop.recent_evicted_gen_ids),
@@ -139,6 +145,13 @@ def workers_hold(trainer, state: dict) -> bool | None:
     )
 
 
+def worker_checksums(trainer) -> list[str] | None:
+    """The checksum of what each rollout worker of this rank serves (None with LoRA, as above)."""
+    if trainer.lightning_module.lora is not None:
+        return None
+    return [checksum(worker) for worker in trainer.strategy.runtime.workers.call("state_dict")]
+
+
 def checksum(state: dict) -> str:
     digest = hashlib.sha256()
     for name in sorted(state):
@@ -155,7 +168,10 @@ def main() -> None:
     parser.add_argument("--parallel", choices=["ddp", "fsdp"], default="ddp")
     parser.add_argument("--sharded-checkpoint", action="store_true", help="FSDP: a folder of shards")
     parser.add_argument("--lora", type=int, default=0, help="LoRA rank (0 = full fine-tuning)")
-    parser.add_argument("--weight-sync", choices=["object_store", "collective"], default="object_store")
+    parser.add_argument(
+        "--weight-sync", choices=["object_store", "collective", "inprocess"], default="object_store"
+    )
+    parser.add_argument("--placement", choices=["separate", "hybrid"], default="separate")
     parser.add_argument("--timeout-s", type=float, default=1800.0, help="the process group's timeout")
     parser.add_argument("--kill-worker-rank", type=int, default=None)
     parser.add_argument("--kill-at-step", type=int, default=2)
@@ -174,6 +190,7 @@ def main() -> None:
         max_inflight=inflight,
         num_workers=1,
         weight_sync=args.weight_sync,
+        placement=args.placement,
         timeout_s=args.timeout_s,
     )
     if args.parallel == "fsdp" and args.weight_sync == "collective":

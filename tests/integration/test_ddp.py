@@ -83,6 +83,30 @@ def test_two_synchronous_ranks_stay_on_policy_identical_and_disjoint(tmp_path, p
     assert len(trained) == len(set(trained)) == 2 * 4 * 4, "a prompt was trained by two ranks"
 
 
+def test_two_hybrid_ranks_each_with_its_own_in_process_engine_stay_on_policy_and_serve_the_same_weights(
+    tmp_path,
+):
+    """``placement="hybrid"`` on 2 DDP ranks (HF engine): each rank's engine lives in its own training
+    process (no Ray imported), every step of both ranks is on-policy, and after the last sync the two
+    engines serve the same weights, the trainers' own."""
+    ranks = run_two_ranks(
+        tmp_path, "sync", 4, None, "ddp", "--placement", "hybrid", "--weight-sync", "inprocess"
+    )
+    check_sharding(ranks, "ddp")
+    for rank in ranks:
+        assert rank["worker_pids"] == [rank["pid"]], "the engine is not in the rank's own process"
+        assert not rank["ray_imported"]
+        assert len(rank["steps"]) == 4
+        for step in rank["steps"]:
+            assert set(step["row_versions"]) == {step["version"]}
+            assert abs(step["ratio_mean"] - 1.0) < 1e-3 and step["logp_diff_abs"] < 1e-4
+        assert rank["workers_equal"] and rank["worker_checksums"] == [rank["checksum"]]
+    assert ranks[0]["pid"] != ranks[1]["pid"]
+    assert ranks[0]["worker_checksums"] == ranks[1]["worker_checksums"], "the ranks' engines differ"
+    trained = prompts(ranks)
+    assert len(trained) == len(set(trained)) == 2 * 4 * 4, "a prompt was trained by two ranks"
+
+
 @pytest.mark.parametrize("parallel", ["ddp", "fsdp"])
 def test_two_async_ranks_keep_the_bound_and_resume_losing_and_repeating_no_prompt(tmp_path, parallel):
     # FSDP writes sharded checkpoints here (a folder per checkpoint, last.ckpt replaced every step)

@@ -95,6 +95,17 @@ def test_the_cli_refuses_a_ray_backend_with_hybrid_at_parse_time(tmp_path, capsy
     assert "placement='hybrid'" in err and "weight_sync='object_store'" in err
 
 
+def test_the_cli_refuses_vllm_with_hybrid_on_two_ranks_at_parse_time(capsys):
+    from unirl_lightning.cli import run_cli
+
+    args = ["--trainer.devices=2", "--trainer.strategy.init_args.engine=vllm"]
+    with pytest.raises(SystemExit) as exc:
+        run_cli(["--config", str(RECIPE), *args], run=False)
+    assert exc.value.code != 0
+    err = capsys.readouterr().err
+    assert "placement='hybrid' with engine='vllm'" in err and "got 2 training ranks" in err
+
+
 def run_without_ray(args: list[str], cwd: Path) -> subprocess.CompletedProcess:
     env = dict(
         os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))

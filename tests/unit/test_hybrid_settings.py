@@ -5,6 +5,8 @@ random stream untouched)."""
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 
@@ -164,3 +166,75 @@ def test_a_failing_generation_raises_from_result_every_time_and_nothing_is_repla
     workers.shutdown()  # twice is fine
     with pytest.raises(RuntimeError, match="shut down"):
         workers.generate(request)
+
+
+# -- vLLM under hybrid: its engine core in the training process, on one rank --------------------------
+def hybrid_engine_config(engine, **overrides):
+    from types import SimpleNamespace
+
+    from unirl_lightning.runtime.base import RolloutRuntime
+
+    spec = SimpleNamespace(family="token", policy=POLICY, lora=None, reward=None)
+    settings = rollout_settings(engine=engine, **{**HYBRID, **overrides})
+    return RolloutRuntime(spec, settings, weight_sync=None).engine_config()
+
+
+def test_hybrid_runs_vllms_engine_core_in_process_with_sleep_mode_and_refuses_a_process_of_its_own():
+    from unirl_lightning.engines.vllm import VLLMEngineConfig
+
+    assert VLLMEngineConfig().in_process_core is None  # "the strategy decides"
+    served = hybrid_engine_config(VLLMEngineConfig())
+    assert served.in_process_core is True and served.enable_sleep_mode is True  # sleep: CUDA only
+    separate = hybrid_engine_config(VLLMEngineConfig(), placement="separate", max_staleness=1, max_inflight=2)
+    assert separate.in_process_core is None and separate.enable_sleep_mode is False
+    with pytest.raises(
+        ValueError, match=r"placement='hybrid' .* engine.in_process_core=False .* process of its own"
+    ):
+        hybrid_engine_config(VLLMEngineConfig(in_process_core=False))
+    assert not hasattr(hybrid_engine_config("hf"), "in_process_core")
+
+
+def test_vllm_in_process_sets_the_multiprocessing_variable_and_refuses_another_value(monkeypatch):
+    from unirl_lightning.engines.vllm import VLLMEngineConfig, keep_engine_core_in_process
+
+    monkeypatch.delenv("VLLM_ENABLE_V1_MULTIPROCESSING", raising=False)
+    keep_engine_core_in_process()
+    assert os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0"
+    monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "1")
+    policy = TinyCausalLM(hidden_size=64, num_layers=1, num_heads=2, intermediate_size=64)
+    with pytest.raises(
+        ValueError, match=r"engine.in_process_core=True .* VLLM_ENABLE_V1_MULTIPROCESSING='1'"
+    ):
+        VLLMEngineConfig(in_process_core=True).build(policy)  # refused before vLLM is imported
+
+
+def test_vllm_under_hybrid_is_refused_on_several_ranks_naming_placement_and_engine():
+    from unirl_lightning.engines import engine_name
+    from unirl_lightning.engines.vllm import VLLMEngineConfig
+    from unirl_lightning.plan import parse_cluster, plan_recipe
+    from unirl_lightning.preflight import hybrid_engine_error
+    from unirl_lightning.strategy import AsyncRolloutStrategy
+
+    class MyVLLM(VLLMEngineConfig):
+        pass
+
+    assert [engine_name(e) for e in ("vllm", VLLMEngineConfig(), MyVLLM(), HFEngineConfig())] == [
+        "vllm", "vllm", "vllm", "hf"
+    ]  # fmt: skip
+    error = hybrid_engine_error("hybrid", "vllm", 2)
+    assert "placement='hybrid' with engine='vllm'" in error and "got 2 training ranks" in error
+    assert "engine='hf'" in error and "placement='colocate'" in error
+    assert hybrid_engine_error("hybrid", "unirl_lightning.engines.vllm.VLLMEngineConfig", 4) is not None
+    assert hybrid_engine_error("hybrid", "vllm", 1) is None and hybrid_engine_error("hybrid", "hf", 2) is None
+    assert hybrid_engine_error("colocate", "vllm", 2) is None
+    for engine in ("vllm", VLLMEngineConfig()):
+        with pytest.raises(
+            ValueError, match=r"placement='hybrid' with engine='vllm' .* got 2 training ranks"
+        ):
+            AsyncRolloutStrategy(engine=engine, **HYBRID).preflight(2)
+        AsyncRolloutStrategy(engine=engine, **HYBRID).preflight(1)
+    AsyncRolloutStrategy(engine="hf", **HYBRID).preflight(2)
+    rollout = {"engine": {"class_path": "unirl_lightning.engines.vllm.VLLMEngineConfig"}, **HYBRID}
+    config = {"trainer": {"devices": 2, "strategy": {"init_args": rollout}}}
+    findings = plan_recipe(config, parse_cluster("cpu"), None)["findings"]
+    assert [f["key"] for f in findings if f["level"] == "error"] == ["trainer.strategy.init_args.engine"]

@@ -13,7 +13,16 @@ from unirl_lightning.engines.base import (
     EngineName,
     RolloutEngine,
     check_engine_name,
+    engine_name,
     resolve_engine,
 )
 
-__all__ = ["ENGINES", "EngineConfig", "EngineName", "RolloutEngine", "check_engine_name", "resolve_engine"]
+__all__ = [
+    "ENGINES",
+    "EngineConfig",
+    "EngineName",
+    "RolloutEngine",
+    "check_engine_name",
+    "engine_name",
+    "resolve_engine",
+]

@@ -155,6 +155,18 @@ def check_engine_name(name: str) -> str:
     return name
 
 
+def engine_name(engine: str | EngineConfig) -> str:
+    """The name :data:`ENGINES` gives ``engine``: a name as given; a config by its class, or the first
+    of its base classes, that :data:`ENGINES` lists; else its class name."""
+    if isinstance(engine, str):
+        return engine
+    for cls in type(engine).__mro__:
+        for name, (module, class_name) in ENGINES.items():
+            if cls.__module__ == module and cls.__name__ == class_name:
+                return name
+    return type(engine).__name__
+
+
 def resolve_engine(engine: str | EngineConfig, default: str, family: PolicyFamily) -> EngineConfig:
     """The engine config for ``engine`` (a name, ``"auto"`` = ``default``, or a config), checked
     against the policy ``family`` the module trains."""

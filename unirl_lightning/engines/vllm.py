@@ -13,7 +13,10 @@ and why:
   prefix cache is reset after every update;
 * with ``weight_sync="collective"`` the group member is vLLM's own worker process
   (:class:`~unirl_lightning.engines.vllm_worker.VLLMWorkerExtension`), receiving on its device;
-* sleep and wake use vLLM's sleep mode where the platform has it (CUDA), and are no-ops elsewhere.
+* sleep and wake use vLLM's sleep mode where the platform has it (CUDA), and are no-ops elsewhere;
+* with ``in_process_core`` (``placement="hybrid"`` sets it) vLLM's engine core runs in the calling
+  process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``, set when unset, any other value refused before vLLM
+  starts), so a push's tensors reach the model's ``load_weights`` as they are, in memory.
 
 ``vllm`` is imported only in :meth:`VLLMEngineConfig.build`, so this module imports without it. Run one
 live in-process engine per process and ``close()`` it before starting another.
@@ -48,7 +51,13 @@ from unirl_lightning.rollout.records import FinishReason, SamplingParams
 from unirl_lightning.seeding import derive_seeds
 from unirl_lightning.weight_sync.buckets import pack_tensors, weight_buckets
 
-__all__ = ["VLLMEngine", "VLLMEngineConfig", "import_vllm", "vllm_sampling_kwargs"]
+__all__ = [
+    "VLLMEngine",
+    "VLLMEngineConfig",
+    "import_vllm",
+    "keep_engine_core_in_process",
+    "vllm_sampling_kwargs",
+]
 
 log = logging.getLogger(__name__)
 
@@ -59,6 +68,7 @@ INSTALL_HINT = (
 VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)  # vLLM's allowed max_lora_rank values
 WeightUpdate = Literal["auto", "reload", "load_weights"]
 CPU_MAX_MODEL_LEN = 2048
+MULTIPROCESSING_VARIABLE = "VLLM_ENABLE_V1_MULTIPROCESSING"  # read by vLLM when an engine is created
 SLEEP_TAGS = ("weights", "kv_cache")  # the parts vLLM's wake_up(tags=...) restores
 # SamplingParams fields the engine sets itself (the log-prob and stop contracts depend on them)
 OWNED_SAMPLING_FIELDS = (
@@ -109,6 +119,22 @@ def import_vllm() -> Any:
     return import_backend("vllm", "vLLM", INSTALL_HINT)
 
 
+def keep_engine_core_in_process() -> None:
+    """Make the next vLLM engine of this process run its engine core in this process: vLLM reads
+    ``VLLM_ENABLE_V1_MULTIPROCESSING`` when an engine is created; unset, it is set to ``0`` here; set to
+    anything else, a ``ValueError`` names it (the user asked for an engine-core process of its own)."""
+    value = os.environ.get(MULTIPROCESSING_VARIABLE)
+    if value is None:
+        os.environ[MULTIPROCESSING_VARIABLE] = "0"
+        log.info("vLLM engine: %s=0 (the engine core runs in this process)", MULTIPROCESSING_VARIABLE)
+    elif value.strip() != "0":
+        raise ValueError(
+            f"engine.in_process_core=True (placement='hybrid' sets it) runs vLLM's engine core in the "
+            f"calling process, but {MULTIPROCESSING_VARIABLE}={value!r} asks vLLM for an engine-core "
+            f"process of its own: unset {MULTIPROCESSING_VARIABLE} or set it to 0"
+        )
+
+
 @dataclass
 class VLLMEngineConfig(EngineConfig):
     """Configuration of the vLLM engine (offline ``vllm.LLM`` in the rollout worker).
@@ -133,6 +159,10 @@ class VLLMEngineConfig(EngineConfig):
             next weight push must then restore every weight).
         enable_sleep_mode: vLLM's sleep mode (memory pools that ``sleep()`` can release); None = the
             strategy decides (on under ``placement="colocate"`` only, off when built outside one).
+        in_process_core: vLLM's engine core in the calling process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``,
+            set when unset; another value is refused): a weight push hands its tensors to the model as
+            they are. None = the strategy decides: True under ``placement="hybrid"`` (where False is
+            refused), else the variable decides (vLLM's default: a process of its own).
         engine_kwargs: anything else for ``vllm.LLM(...)`` (wins over the fields above).
         sampling_overrides: extra fields of every request's ``vllm.SamplingParams`` (e.g.
             ``{"presence_penalty": 0.5}``); the fields the engine sets from the module's sampling
@@ -154,6 +184,7 @@ class VLLMEngineConfig(EngineConfig):
     seed: int = 0
     sleep_level: int = 1
     enable_sleep_mode: bool | None = None
+    in_process_core: bool | None = None
     engine_kwargs: dict[str, Any] = field(default_factory=dict)
     sampling_overrides: dict[str, Any] = field(default_factory=dict)
 
@@ -174,6 +205,8 @@ class VLLMEngineConfig(EngineConfig):
 
     def build(self, policy: PolicySpec, lora: LoraSpec | None = None) -> VLLMEngine:
         self.validate(policy, lora)
+        if self.in_process_core:  # before vLLM reads the variable (it does when the engine is created)
+            keep_engine_core_in_process()
         import_vllm()
         return VLLMEngine(self, policy, lora)
 
@@ -200,6 +233,7 @@ class VLLMEngine(RowGeneration):
         self.policy = policy
         self.weight_version = 0
         self.on_cpu = current_platform.is_cpu()
+        self.device = torch.device("cpu" if self.on_cpu else "cuda:0")  # vLLM's (first) worker's device
         supported = bool(current_platform.is_sleep_mode_available()) and not self.on_cpu
         self.sleep_supported = bool(config.enable_sleep_mode) and supported
         self.weight_update = config.weight_update
@@ -244,10 +278,34 @@ class VLLMEngine(RowGeneration):
                 max_cpu_loras=2,  # the new version is added before the old one is removed
                 max_lora_rank=min(r for r in VLLM_LORA_RANKS if r >= lora.rank),
             )
-        if self.sleep_supported:  # only when enabled (colocate) and supported
+        if self.sleep_supported:  # only when enabled (colocate, hybrid) and supported
             kwargs["enable_sleep_mode"] = True
         kwargs.update(config.engine_kwargs)
+        if config.in_process_core and not self.on_cpu:
+            self._check_in_process_device()
         self.llm = LLM(**kwargs)
+        # in-process a bucket is handed over as it is; to vLLM's engine-core process, packed
+        self.in_process = type(self.llm.llm_engine.engine_core).__name__ == "InprocClient"
+        if config.in_process_core and not self.in_process:
+            self.close()
+            raise RuntimeError(
+                f"vLLM started its engine core in a process of its own although engine.in_process_core=True "
+                f"and {MULTIPROCESSING_VARIABLE}={os.environ.get(MULTIPROCESSING_VARIABLE)!r}: vLLM reads its "
+                "environment once an engine has started in this process; set the variable to 0 before the "
+                "first vLLM engine starts"
+            )
+
+    @staticmethod
+    def _check_in_process_device() -> None:
+        """An engine core in this process puts vLLM's worker on device 0 (vLLM's single-process
+        executor): the training GPU must be that one."""
+        current = torch.cuda.current_device() if torch.cuda.is_available() else 0
+        if current != 0:
+            raise ValueError(
+                f"engine.in_process_core=True (placement='hybrid') runs vLLM's worker in the training "
+                f"process on cuda:0, but this process trains on cuda:{current}: make the training GPU "
+                f"device 0 (e.g. CUDA_VISIBLE_DEVICES={current}, trainer.devices: 1)"
+            )
 
     def _check_cpu_head_size(self, head_size: int) -> None:
         if not self.on_cpu:
@@ -289,14 +347,12 @@ class VLLMEngine(RowGeneration):
     def load_weight_bucket(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
         """Full weights only (an adapter push is one ``load_weights``); the caller's buckets must not
         split a decoder layer (:func:`weight_buckets` with ``whole_layers=True``)."""
-        # in-process the tensors are handed over as they are; to vLLM's engine-core process, packed
-        in_process = type(self.llm.llm_engine.engine_core).__name__ == "InprocClient"
         for bucket in weight_buckets(
             list(named_tensors), int(self.config.bucket_mb * 1024**2), whole_layers=True
         ):
             self.llm.collective_rpc(
                 "unirl_load_weight_bucket",
-                args=(bucket if in_process else pack_tensors(bucket, as_bytes=True),),
+                args=(bucket if self.in_process else pack_tensors(bucket, as_bytes=True),),
             )
 
     def finish_weight_load(self, weight_version: int | None) -> None:

@@ -356,6 +356,15 @@ class RolloutRuntime:
             engine = engine.with_cpu_threads(settings.worker_threads)
         if getattr(engine, "enable_sleep_mode", False) is None:  # vLLM: None = sleep only when colocated
             engine = dataclasses.replace(engine, enable_sleep_mode=settings.shares_trainer_device)
+        in_process_core = getattr(engine, "in_process_core", True)  # vLLM: its engine core's process
+        if settings.in_process and in_process_core is None:
+            engine = dataclasses.replace(engine, in_process_core=True)
+        elif settings.in_process and in_process_core is False:
+            raise ValueError(
+                f"placement={settings.placement!r} runs the engine in the training process, but "
+                "engine.in_process_core=False asks vLLM for an engine-core process of its own: leave "
+                "engine.in_process_core unset (or true), or use placement='colocate'"
+            )
         if hasattr(engine, "tensor_parallel_size"):  # vLLM: None follows num_gpus_per_worker, else agrees
             from unirl_lightning.workers.placement import tensor_parallel_size_for
 

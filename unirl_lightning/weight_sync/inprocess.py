@@ -13,7 +13,10 @@ process, of an :class:`~unirl_lightning.workers.inprocess.InProcessWorkerGroup`)
   (:func:`~unirl_lightning.weight_sync.base.serving_dtype`), streamed in buckets of at most
   ``bucket_mb`` (a decoder layer is never split), each bucket cast on the trainer's device and loaded
   before the next one is made: ``begin_weight_push`` -> ``load_weight_bucket`` ... ->
-  ``finish_weight_push``. A LoRA push (adapters only) is one ``load_weights``.
+  ``finish_weight_push``. vLLM (its engine core in this process: ``in_process_core``) hands each
+  bucket's tensors, as they are, to its model's ``load_weights``, which copies them into its own
+  parameters. A LoRA push (adapters only) is one ``load_weights`` (vLLM: the engine's adapter
+  files, as in a Ray worker).
 * A sharded (FSDP2) model is read one tensor at a time, gathered whole (a collective every rank enters
   in the same order); it is never shared.
 * ``SyncStats.bytes`` counts the bytes copied (0 for a push shared whole).

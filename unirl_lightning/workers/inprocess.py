@@ -13,8 +13,9 @@ Contract:
   placement is synchronous: ``max_staleness=0, max_inflight=1``); the handle is ready at once, and
   ``result()`` returns the groups or raises the call's error (again on a retry). Rewards are scored
   in the training process, right after generation, as a Ray worker scores them.
-* The engine's random numbers (its model's construction, sampling) are drawn from a forked torch
-  generator state, so the trainer's random stream is the same as with Ray workers.
+* The engine's random numbers (its model's construction, sampling, vLLM's seeding at start) are
+  drawn from forked torch generator states, and Python's and NumPy's global states are put back
+  after each engine call, so the trainer's random streams are the same as with Ray workers.
 * Weights reach the engine through :class:`~unirl_lightning.weight_sync.inprocess.InProcessWeightSync`:
   with ``share_weights`` (a sync after every step) an engine that can (HF) reads the trainer's own
   tensors where dtype, device and shape agree (no copy), else a cast copy, bucket by bucket.
@@ -40,6 +41,15 @@ from unirl_lightning.workers.placement import local_node_ip
 __all__ = ["InProcessCall", "InProcessWorkerGroup"]
 
 log = logging.getLogger(__name__)
+
+
+def _numpy_random() -> Any:
+    """``numpy.random``, or None without NumPy."""
+    try:
+        import numpy
+    except ImportError:
+        return None
+    return numpy.random
 
 
 class InProcessCall:
@@ -126,19 +136,34 @@ class InProcessWorkerGroup:
         self._device = getattr(engine_config, "device", "cpu")
         with self.engine_rng():
             self.workers = [worker_cls(engine_config, policy, lora, reward, 0)]
+        # an engine whose config names no device says where it runs (vLLM: its worker's device)
+        self._device = str(getattr(self.workers[0].engine, "device", self._device))
 
     @contextlib.contextmanager
     def engine_rng(self) -> Iterator[None]:
-        """Run the engine on a fork of torch's generators (CPU, and the engine's CUDA device): what it
-        draws does not move the trainer's random stream."""
+        """Run the engine on a fork of torch's generators (CPU, and the engine's CUDA device) and of
+        Python's and NumPy's global ones (vLLM seeds all of them when it starts in this process): what
+        it draws or seeds does not move the trainer's random streams."""
+        import random
+
         import torch
 
         devices: list[Any] = []
         if str(self._device).startswith("cuda") and torch.cuda.is_available():
             index = torch.device(self._device).index
             devices = [torch.cuda.current_device() if index is None else index]
-        with torch.random.fork_rng(devices=devices):
-            yield
+        elif torch.cuda.is_available() and torch.cuda.is_initialized():  # vLLM on the current device
+            devices = [torch.cuda.current_device()]
+        python_state = random.getstate()
+        numpy_random = _numpy_random()
+        numpy_state = numpy_random.get_state() if numpy_random is not None else None
+        try:
+            with torch.random.fork_rng(devices=devices):
+                yield
+        finally:
+            random.setstate(python_state)
+            if numpy_random is not None:
+                numpy_random.set_state(numpy_state)
 
     # -- what a run's processes share (nothing: no Ray) -----------------------------------------
     @classmethod
