@@ -1,9 +1,11 @@
 """Where a generation phase's time goes: ``model.generate`` in-process vs our HF engine vs a Ray worker.
 
     python benchmarks/generation_profile.py [--calls 5] [--threads 2] [--stopping suppressed|natural]
+        [--model smollm2|tiny]
 
 The generation of ``vs_trl.py --workloads smollm2`` (SmolLM2-135M-Instruct, float32, 4 prompts x 4
-samples x 16 new tokens, temperature 1), timed in layers, each the median of ``--calls`` calls after
+samples x 16 new tokens, temperature 1), timed in layers (``--model tiny``: ``vs_trl.py``'s base model instead, where a token's kernels are
+small and per-kernel overheads show), each the median of ``--calls`` calls after
 one warm-up call (the three in-process layers interleaved call by call), every layer with
 ``--threads`` torch threads:
 
@@ -69,9 +71,13 @@ def run(config: dict[str, Any]) -> dict[str, Any]:
         "calls": config["calls"],
     }
     with tempfile.TemporaryDirectory(prefix="genprof-") as model_dir:
-        results["model"] = common.build_smollm2_dir(
-            model_dir, suppress_eos=config["stopping"] == "suppressed"
-        )
+        suppress = config["stopping"] == "suppressed"
+        if config["model"] == "tiny":  # vs_trl.py's base model: many small kernels per token
+            results["model"] = common.build_model_dir(
+                model_dir, hidden=128, layers=4, intermediate=256, suppress_eos=suppress
+            )
+        else:
+            results["model"] = common.build_smollm2_dir(model_dir, suppress_eos=suppress)
         policy = PretrainedCausalLM(name_or_path=model_dir, dtype="float32")
         records = make_task("digit_successor", config["prompts"], 0, prefix_len=8)
         sampling = SamplingParams(temperature=1.0, max_new_tokens=config["max_new_tokens"])
@@ -155,6 +161,12 @@ def run(config: dict[str, Any]) -> dict[str, Any]:
 def main() -> None:
     parser = common.script_parser(__doc__)
     parser.add_argument("--calls", type=int, default=5)
+    parser.add_argument(
+        "--model",
+        choices=["smollm2", "tiny"],
+        default="smollm2",
+        help="tiny: vs_trl.py's base model (hidden 128, 4 layers)",
+    )
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--stopping", choices=["suppressed", "natural"], default="suppressed")
     parser.add_argument("--prompts", type=int, default=4)

@@ -1,12 +1,12 @@
 """Does interrupting generation at a sync cost learning? Quiesce vs interrupt on the tiny recipe.
 
-    python benchmarks/interrupt_learning.py [--seeds 0 1 2] [--max-new-tokens 8] [--chunk 2]
+    python benchmarks/interrupt_learning.py [--seeds 0 1 2 3 4] [--max-new-tokens 3] [--chunk 1]
 
 Each run is ``unirl-lightning fit --config examples/grpo_tiny.yaml`` as shipped (async,
 ``max_staleness 1, max_inflight 2``, held-out accuracy on 64 disjoint prompts every 20 steps, 120
 steps), in its own process, with ``--seed_everything SEED`` and two changes that make interrupts
-happen at all: ``max_new_tokens`` (the recipe's 2 tokens end before any chunk boundary) and
-``interrupt_chunk_tokens``; ``--trainer.strategy.init_args.sync_mode`` is ``quiesce`` or
+happen often: ``max_new_tokens`` 3 (the recipe's 2 tokens rarely span a sync) and
+``interrupt_chunk_tokens`` 1; ``--trainer.strategy.init_args.sync_mode`` is ``quiesce`` or
 ``interrupt``. Both modes run the same settings otherwise; runs are interleaved by seed. Reported
 per mode: the held-out accuracy at every evaluation (``eval/accuracy``, from the TensorBoard file),
 its median over seeds, the mean of ``rollout/interrupted_samples`` per step, and the fraction of
@@ -106,9 +106,9 @@ def print_table(summary: dict[str, Any]) -> None:
 
 def main() -> None:
     parser = common.script_parser(__doc__)
-    parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
-    parser.add_argument("--max-new-tokens", type=int, default=8)
-    parser.add_argument("--chunk", type=int, default=2, help="interrupt_chunk_tokens")
+    parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2, 3, 4])
+    parser.add_argument("--max-new-tokens", type=int, default=3)
+    parser.add_argument("--chunk", type=int, default=1, help="interrupt_chunk_tokens")
     parser.add_argument("--max-steps", type=int, default=None, help="default: the recipe's")
     parser.add_argument("--out", default=str(common.results_path("interrupt_learning")))
     config = vars(parser.parse_args())
