@@ -123,7 +123,9 @@ def test_a_placement_that_fails_its_check_fails_before_the_first_push(monkeypatc
     """The strategy's placement report runs between the workers' start and the first push: a worker on
     a training GPU fails with the overlap named, and no weight has been pushed (on GPUs a misplaced
     push would fail inside NCCL instead)."""
-    monkeypatch.setattr(factory, "worker_group_class", lambda placement: lambda *args, **kwargs: SimpleNamespace())
+    monkeypatch.setattr(
+        factory, "worker_group_class", lambda placement: lambda *args, **kwargs: SimpleNamespace()
+    )
     pushes = []
     rt = runtime()
     rt.weight_sync = SimpleNamespace(push=lambda *args: pushes.append(args))
