@@ -92,12 +92,11 @@ class TinyCausalLM(PromptFormat):
                 f"TinyCausalLM vocab_size={self.vocab_size} is smaller than its tokenizer ({len(CHAR_VOCAB)} tokens)."
             )
 
-    def build(self) -> tuple[Any, Any]:
-        import torch
-        from transformers import LlamaConfig, LlamaForCausalLM
+    def llama_config(self, tokenizer: Any) -> Any:
+        """The ``LlamaConfig`` of this spec (its vocabulary from ``tokenizer`` unless ``vocab_size``)."""
+        from transformers import LlamaConfig
 
-        tokenizer = build_char_tokenizer()
-        config = LlamaConfig(
+        return LlamaConfig(
             vocab_size=self.vocab_size or len(tokenizer),
             hidden_size=self.hidden_size,
             intermediate_size=self.intermediate_size,
@@ -110,9 +109,27 @@ class TinyCausalLM(PromptFormat):
             eos_token_id=tokenizer.eos_token_id,
             tie_word_embeddings=False,
         )
+
+    def build(self) -> tuple[Any, Any]:
+        import torch
+        from transformers import LlamaForCausalLM
+
+        tokenizer = build_char_tokenizer()
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(self.seed)
-            model = LlamaForCausalLM(config)
+            model = LlamaForCausalLM(self.llama_config(tokenizer))
+        model.generation_config.pad_token_id = tokenizer.pad_token_id
+        return without_dropout(model.to(getattr(torch, self.dtype))), tokenizer
+
+    def build_on_meta(self) -> tuple[Any, Any]:
+        """:meth:`build`'s model on the meta device (its parameters' names, shapes and dtypes, no
+        values, no memory) and its tokenizer: what a rank builds that receives rank 0's weights."""
+        import torch
+        from transformers import LlamaForCausalLM
+
+        tokenizer = build_char_tokenizer()
+        with torch.device("meta"):
+            model = LlamaForCausalLM(self.llama_config(tokenizer))
         model.generation_config.pad_token_id = tokenizer.pad_token_id
         return without_dropout(model.to(getattr(torch, self.dtype))), tokenizer
 
@@ -370,11 +387,11 @@ class PretrainedCausalLM(PromptFormat):
             )
         return name
 
-    def build(self) -> tuple[Any, Any]:
-        import torch
-        from transformers import AutoModelForCausalLM, AutoTokenizer
+    def load_tokenizer(self, path: str) -> Any:
+        """The tokenizer at ``path`` (what :meth:`pretrained_path` returned), padding on the left, with a
+        pad token (the EOS token when it has none)."""
+        from transformers import AutoTokenizer
 
-        path = self.pretrained_path()
         try:
             tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=self.trust_remote_code)
         except OSError as err:
@@ -388,13 +405,43 @@ class PretrainedCausalLM(PromptFormat):
         tokenizer.padding_side = "left"
         if tokenizer.pad_token is None:
             tokenizer.pad_token = tokenizer.eos_token
+        return tokenizer
+
+    def model_kwargs(self) -> dict[str, Any]:
+        """What ``from_pretrained`` and ``from_config`` are given: the dtype, remote code, attention."""
+        import torch
+
         kwargs: dict[str, Any] = {
             "dtype": getattr(torch, self.dtype),
             "trust_remote_code": self.trust_remote_code,
         }
         if self.attn_implementation:
             kwargs["attn_implementation"] = self.attn_implementation
-        model = without_dropout(AutoModelForCausalLM.from_pretrained(path, **kwargs))
+        return kwargs
+
+    def build(self) -> tuple[Any, Any]:
+        from transformers import AutoModelForCausalLM
+
+        path = self.pretrained_path()
+        tokenizer = self.load_tokenizer(path)
+        model = without_dropout(AutoModelForCausalLM.from_pretrained(path, **self.model_kwargs()))
+        model.generation_config.pad_token_id = tokenizer.pad_token_id
+        return model, tokenizer
+
+    def build_on_meta(self) -> tuple[Any, Any]:
+        """:meth:`build`'s model on the meta device, from its ``config.json`` alone (``from_config``:
+        the parameters' names, shapes and dtypes, no values; no weight file is read) and its tokenizer,
+        loaded as :meth:`build` loads it: what a rank builds that receives rank 0's weights."""
+        import torch
+        from transformers import AutoConfig, AutoModelForCausalLM, GenerationConfig
+
+        path = self.pretrained_path()
+        tokenizer = self.load_tokenizer(path)
+        config = AutoConfig.from_pretrained(path, trust_remote_code=self.trust_remote_code)
+        with torch.device("meta"):
+            model = without_dropout(AutoModelForCausalLM.from_config(config, **self.model_kwargs()))
+        with contextlib.suppress(OSError):  # a checkpoint without generation_config.json keeps the config's
+            model.generation_config = GenerationConfig.from_pretrained(path)
         model.generation_config.pad_token_id = tokenizer.pad_token_id
         return model, tokenizer
 

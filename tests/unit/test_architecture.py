@@ -113,6 +113,7 @@ LAYERS: list[tuple[str, ...]] = [
         "tb",
         "prompts",
         "sharding",
+        "meta_init",
         "checkpoint_io",
         "ray_watchdog",
         "preflight",

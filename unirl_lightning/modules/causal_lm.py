@@ -38,6 +38,12 @@ from unirl_lightning.algorithms import (
 from unirl_lightning.algorithms.kl import KLEstimator
 from unirl_lightning.checks import require_at_least, require_in_range
 from unirl_lightning.lora import LLM_LORA_TARGETS, LoraSpec, apply_lora
+from unirl_lightning.meta_init import (
+    fill_from_rank0,
+    full_states,
+    launched_as_local_rank_above_zero,
+    ranks_to_fill,
+)
 from unirl_lightning.models import PretrainedCausalLM, TinyCausalLM
 from unirl_lightning.modules.base import PolicyGradientModule
 from unirl_lightning.modules.context import TokenContext
@@ -141,6 +147,15 @@ class CausalLMModule(PolicyGradientModule):
             instead of keeping them (``transformers``' ``gradient_checkpointing_enable`` with
             ``use_reentrant=False``, on the policy and on a critic's backbone); the gradients are
             the same. Composes with FSDP2 sharding (the blocks stay the modules that are sharded).
+        load_once_per_node: in a multi-process launch only each node's first rank loads the weights:
+            a rank whose launcher made it a node-local rank > 0 (``LOCAL_RANK`` or ``SLURM_LOCALID``)
+            builds the policy (and a critic) on the meta device, from the config alone, and receives
+            global rank 0's weights in ``configure_model``, on its training device (DDP: a broadcast
+            of every parameter and buffer; FSDP2: each rank keeps its shard of rank 0's full state),
+            so the host holds one copy of the model per node instead of one per rank
+            (:mod:`unirl_lightning.meta_init`). False: every rank loads its own. A single process
+            always loads. A launch setting, not a training one: not saved in the checkpoint's
+            hyperparameters.
     """
 
     def __init__(
@@ -183,6 +198,7 @@ class CausalLMModule(PolicyGradientModule):
         micro_batch_tokens: int | None = None,
         micro_batch_rows: int | None = None,
         gradient_checkpointing: bool = False,
+        load_once_per_node: bool = True,
     ) -> None:
         super().__init__(
             lr=lr,
@@ -214,9 +230,12 @@ class CausalLMModule(PolicyGradientModule):
         self.correction = MismatchCorrection(old_logprob, tis_cap, sequence_mask_cap)
         require_in_range("overlong_buffer", overlong_buffer, 0, max_new_tokens)
         require_at_least("overlong_penalty", overlong_penalty, 0)
-        self.save_hyperparameters(ignore=["policy", "reward", "lora"])
+        self.save_hyperparameters(ignore=["policy", "reward", "lora", "load_once_per_node"])
+        self.load_once_per_node = bool(load_once_per_node)
+        # a node-local rank > 0 builds its networks without values; configure_model fills them from rank 0
+        self.built_on_meta = self.load_once_per_node and launched_as_local_rank_above_zero()
         self.policy_spec = policy or TinyCausalLM()
-        self.policy, self.tokenizer = self.policy_spec.build()
+        self.policy, self.tokenizer = self.build_policy()
         self.lora = lora.resolved() if lora is not None else None  # its init seed travels to the engines
         if self.lora is not None:  # only the adapters train, and only they are pushed to the engines
             self.policy = apply_lora(self.policy, self.lora, LLM_LORA_TARGETS)
@@ -268,12 +287,29 @@ class CausalLMModule(PolicyGradientModule):
             family="token",
         )
 
+    def build_policy(self) -> tuple[torch.nn.Module, Any]:
+        """``(model, tokenizer)`` from the policy spec: with its weights, or on the meta device where
+        :attr:`built_on_meta` (the weights come from rank 0 in :meth:`configure_model`)."""
+        return self.policy_spec.build_on_meta() if self.built_on_meta else self.policy_spec.build()
+
     def configure_model(self) -> None:
         """Under a sharding strategy (``AsyncRolloutFSDPStrategy``: Lightning gives the module a
         device mesh) every network of the module is sharded with FSDP2, one shard group per
-        transformer block; otherwise nothing happens."""
-        if self.device_mesh is not None:
-            shard_children(self, self.device_mesh)
+        transformer block. With ``load_once_per_node``, when some rank built its networks on the meta
+        device, every rank then gets global rank 0's parameters and buffers on its training device
+        (:func:`~unirl_lightning.meta_init.fill_from_rank0`; under FSDP2 rank 0's full state is taken
+        before sharding and each rank keeps its shard). Lightning calls this after :meth:`setup`, so
+        the KL reference and the float32 masters are filled too, and before the strategy wraps the
+        module or pushes weights. Idempotent: a second call finds nothing on the meta device."""
+        mesh = self.device_mesh
+        fill = self.load_once_per_node and ranks_to_fill(self, "load_once_per_node")
+        states = full_states(self) if fill and mesh is not None else None
+        if mesh is not None:
+            shard_children(self, mesh)
+        if fill:
+            trainer = self.attached_trainer()
+            device = trainer.strategy.root_device if trainer is not None else torch.device("cpu")
+            fill_from_rank0(self, device, states)
 
     @property
     def compute_dtype(self) -> torch.dtype | None:  # type: ignore[override]

@@ -127,7 +127,7 @@ class PPOModule(CausalLMModule):
         self.critic_lr = critic_lr if critic_lr is not None else self.lr
         self.whiten_advantages = whiten_advantages
         # the critic: a second backbone from the same spec (same init), not part of self.policy
-        model, _ = self.policy_spec.build()
+        model, _ = self.build_policy()  # on the meta device where the policy is (filled with it)
         backbone = model.base_model  # the decoder without its LM head (LlamaModel for LlamaForCausalLM)
         if self.lora is not None:
             backbone = apply_lora(backbone, self.lora, LLM_LORA_TARGETS)
