@@ -18,14 +18,18 @@ from unirl_lightning.strategy import AsyncRolloutStrategy  # noqa: E402
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("ray_local")]
 
 
-def test_chunked_vllm_generation_keeps_the_on_policy_pin(tmp_path):
-    strategy = AsyncRolloutStrategy(
+def interrupting_vllm(max_staleness: int, max_inflight: int, chunk: int) -> AsyncRolloutStrategy:
+    return AsyncRolloutStrategy(
         engine=VLLMEngineConfig(),
-        max_staleness=0,
-        max_inflight=1,
+        max_staleness=max_staleness,
+        max_inflight=max_inflight,
         sync_mode="interrupt",
-        interrupt_chunk_tokens=2,
+        interrupt_chunk_tokens=chunk,
     )
+
+
+def test_chunked_vllm_generation_keeps_the_on_policy_pin(tmp_path):
+    strategy = interrupting_vllm(max_staleness=0, max_inflight=1, chunk=2)
     try:
         _, _, recorder = fit_tiny(
             tmp_path,
@@ -54,13 +58,7 @@ def test_chunked_vllm_generation_keeps_the_on_policy_pin(tmp_path):
 
 
 def test_vllm_samples_interrupted_at_a_sync_span_versions_within_the_bound(tmp_path):
-    strategy = AsyncRolloutStrategy(
-        engine=VLLMEngineConfig(),
-        max_staleness=1,
-        max_inflight=2,
-        sync_mode="interrupt",
-        interrupt_chunk_tokens=1,
-    )
+    strategy = interrupting_vllm(max_staleness=1, max_inflight=2, chunk=1)
     pushes = count_pushes(strategy)
     try:
         _, _, recorder = fit_tiny(
