@@ -174,8 +174,12 @@ def assert_nothing_left(marker: str) -> None:
 def a_marker() -> str:
     marker = f"ddp-raise-{uuid.uuid4().hex}"
     probe = subprocess.Popen(["sleep", "60"], env={**os.environ, RUN_MARKER: marker})
-    try:  # the check below can see a process of ours by its marker
-        assert [p.pid for p in marked_processes(marker)] == [probe.pid]
+    try:  # the check below can see a process of ours by its marker (once it has exec'd: before
+        # that, /proc shows the parent's environment, so look again for a few seconds)
+        deadline = time.monotonic() + 10
+        while not (seen := [p.pid for p in marked_processes(marker)]) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert seen == [probe.pid]
     finally:
         probe.kill()
         probe.wait()
