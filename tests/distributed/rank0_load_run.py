@@ -7,7 +7,7 @@ whole under FSDP, right after ``configure_model`` (before DDP's wrapper syncs an
 start (after the strategy's setup), and the checksum of the trained policy after the last step.
 
     python tests/distributed/rank0_load_run.py --out DIR [--parallel ddp|fsdp] [--lora RANK]
-        [--kl-coef C] [--load-once-per-node 0|1] [--max-steps N]
+        [--kl-coef C] [--load-once-per-node 0|1] [--max-steps N] [--smollm2 float32|bfloat16]
 
 :func:`tensor_digests` is also what the tests compute in one process for the expected values.
 """
@@ -50,11 +50,18 @@ def tensor_digests(module: torch.nn.Module) -> dict[str, str]:
     return digests
 
 
-def module_for(lora: int, kl_coef: float, load_once_per_node: bool = True):
+def module_for(lora: int, kl_coef: float, load_once_per_node: bool = True, smollm2_dtype: str | None = None):
+    """The tiny GRPO module, or with ``smollm2_dtype`` SmolLM2-135M-Instruct (tied embedding; by hand)."""
+    policy = {}
+    if smollm2_dtype:
+        from unirl_lightning.models import PretrainedCausalLM
+
+        policy["policy"] = PretrainedCausalLM("smollm2-135m-instruct", dtype=smollm2_dtype, chat=True)
     return tiny_module(
         lora=LoraSpec(rank=lora, init_seed=0) if lora else None,
         kl_coef=kl_coef,
         load_once_per_node=load_once_per_node,
+        **policy,
     )
 
 
@@ -85,6 +92,9 @@ def main() -> None:
     parser.add_argument("--kl-coef", type=float, default=0.1)
     parser.add_argument("--load-once-per-node", type=int, choices=[0, 1], default=1)
     parser.add_argument("--max-steps", type=int, default=1)
+    parser.add_argument(
+        "--smollm2", choices=["float32", "bfloat16"], default=None, help="SmolLM2 in this dtype"
+    )
     args = parser.parse_args()
     out = Path(args.out)
     torch.set_num_threads(1)
@@ -103,7 +113,7 @@ def main() -> None:
         enable_progress_bar=False,
         enable_model_summary=False,
     )
-    module = module_for(args.lora, args.kl_coef, bool(args.load_once_per_node))
+    module = module_for(args.lora, args.kl_coef, bool(args.load_once_per_node), args.smollm2)
     configure_model = module.configure_model
 
     def recording_configure_model():  # what the module itself did, before DDP's own sync at wrapping
