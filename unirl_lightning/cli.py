@@ -377,6 +377,11 @@ class PlanCLI(CheckpointCLI):
         plain.pop("config", None)
         data = _plain(plain)
         folder = config.get("model_config") or _bundled_model_config(data)
+        if folder and not (Path(folder) / "config.json").is_file():
+            self.parser.error(
+                f"--model_config {folder}: no config.json there (a folder with the model's config.json and "
+                "tokenizer_config.json; examples/model_configs/ has those of the models the examples name)"
+            )
         shape = ModelShape.from_dir(folder) if folder else None
         result = plan_recipe(data, cluster, shape)
         if self.plan_error:

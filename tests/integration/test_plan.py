@@ -179,3 +179,10 @@ def test_plan_counts_the_reward_workers_gpus_and_names_reward_workers_when_they_
     out = capsys.readouterr().out
     assert "error   trainer.strategy.init_args.reward_workers" in out
     assert "+ 1 reward workers x 1 GPUs = 3 GPUs, more than the cluster's 2" in out
+
+
+def test_a_model_config_folder_without_config_json_is_named(tmp_path, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        run_plan(["--config", SEVEN_B, "--cluster", "1x8x80", "--model_config", str(tmp_path)])
+    assert exit_info.value.code == 2
+    assert f"--model_config {tmp_path}: no config.json there" in capsys.readouterr().err
