@@ -124,7 +124,8 @@ def main() -> None:
     summary = summarize(runs)
     print_table(summary)
     common.write_results(
-        {"summary": summary, "config": config, "machine": common.machine(), "runs": runs}, config["out"]
+        {"summary": summary, "config": {**config, "out": None}, "machine": common.machine(), "runs": runs},
+        config["out"],
     )
 
 
