@@ -55,6 +55,7 @@ from pathlib import Path
 from typing import Any
 
 import common
+import generation_cpu_share
 import trl_side
 import vs_trl_report as report
 
@@ -86,38 +87,24 @@ DEFAULT_CONFIGS = ["trl-1t", "trl-2t", "sync", "sync-2t", "async", "hybrid", "hy
 
 # -- one configuration (child process) -------------------------------------------------------------
 def cpu_snapshot() -> dict[int, tuple[str, float]]:
-    """Every process's title and CPU seconds (user + system) now."""
-    import psutil
+    """Every process's title and CPU seconds (user + system) now (``generation_cpu_share.snapshot``)."""
+    return generation_cpu_share.snapshot()["rows"]
 
-    rows = {}
-    for proc in psutil.process_iter(["pid", "name", "cmdline", "cpu_times"]):
-        times = proc.info["cpu_times"]
-        if times is not None:
-            rows[proc.info["pid"]] = (
-                " ".join(proc.info["cmdline"] or []) or proc.info["name"] or "?",
-                times.user + times.system,
-            )
-    return rows
+
+# generation_cpu_share.label's kinds, under the names this benchmark records
+KIND_NAMES = {"trainer (the run's process)": "trainer", "Ray's own processes": "ray (other)"}
 
 
 def cpu_share(
     before: dict[int, tuple[str, float]], after: dict[int, tuple[str, float]], seconds: float
 ) -> dict[str, float]:
     """The cores each kind of process used over the timed window (CPU seconds / wall seconds; 2.0 is
-    both cores of this machine): the run's own process, its rollout worker, Ray's other processes."""
-    import os
-
-    me = os.getpid()
+    both cores of this machine): the run's own process, its rollout worker, Ray's other processes,
+    classified by ``generation_cpu_share.label``."""
     used: dict[str, float] = {}
     for pid, (title, cpu) in after.items():
-        if pid == me:
-            kind = "trainer"
-        elif "RolloutWorker" in title:
-            kind = "rollout worker"
-        elif title.startswith("ray::") or "/ray/" in title or "raylet" in title or "gcs_server" in title:
-            kind = "ray (other)"
-        else:
-            kind = "other"
+        kind = generation_cpu_share.label(title, -1, pid)  # -1: no process here is a sampler
+        kind = KIND_NAMES.get(kind, kind)
         used[kind] = used.get(kind, 0.0) + cpu - before.get(pid, (title, 0.0))[1]
     return {kind: round(value / seconds, 3) for kind, value in sorted(used.items())}
 
