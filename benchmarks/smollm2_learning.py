@@ -188,6 +188,12 @@ def run(config: dict[str, Any]) -> dict[str, Any]:
             result = common.run_child(Path(__file__), cfg, timeout_s=3600)
             print(json.dumps({k: result[k] for k in ("name", "seed", "wall_s", "evals")}), flush=True)
             runs.append(result)
+            if not config["quick"]:  # each run is kept as it finishes: a stopped study resumes with --append
+                common.write_results(results_record(config, runs), config["out"], indent=1)
+    return results_record(config, runs)
+
+
+def results_record(config: dict[str, Any], runs: list[dict[str, Any]]) -> dict[str, Any]:
     return {
         "machine": common.machine(),
         "steps": config["steps"],

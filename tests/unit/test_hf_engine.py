@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from unirl_lightning.engines.hf import HFEngine, HFEngineConfig, StepScorer
-from unirl_lightning.lora import LoraSpec
+from unirl_lightning.lora import LoraSpec, unwrapped
 from unirl_lightning.models import TinyCausalLM
 from unirl_lightning.rollout.records import SamplingParams
 from unirl_lightning.seeding import derive_seed
@@ -85,3 +85,57 @@ def test_the_scorer_refuses_tokens_it_did_not_see_sampled():
     with pytest.raises(RuntimeError, match="not the ones it returned"):
         scorer.logprobs(torch.tensor([[1], [3]]))
     assert scorer.logprobs(torch.tensor([[1], [2]])).shape == (2, 1)
+
+
+GROUPED = [ids for ids in PROMPTS for _ in range(4)]  # a request's rows: each prompt n = 4 times
+
+
+@pytest.mark.parametrize("lora", [None, LoraSpec(rank=4)], ids=["full", "lora"])
+def test_rows_of_one_prompt_share_its_prefill_and_sample_as_the_plain_path(lora):
+    sampling = SamplingParams(temperature=1.0, max_new_tokens=6)
+    engine = HFEngine(HFEngineConfig(device="cpu", num_threads=None), POLICY, lora)
+    batch_sizes: list[tuple[int, int]] = []  # (rows, tokens) of every forward of the model
+    first_layer = unwrapped(engine.model).model.layers[0]  # runs in every forward, LoRA or not
+
+    def record(module, args, kwargs):  # noqa: ANN001, ANN202
+        hidden = kwargs.get("hidden_states", args[0] if args else None)
+        batch_sizes.append(tuple(hidden.shape[:2]))
+
+    handle = first_layer.register_forward_pre_hook(record, with_kwargs=True)
+    try:
+        shared = engine.generate_ids(GROUPED, sampling, seed=5)
+    finally:
+        handle.remove()
+    # one prefill of the 3 distinct prompts, all but their last token (width 5 - 1), then generate
+    # starts from the last prompt token of all 12 rows
+    assert batch_sizes[0] == (3, 4) and batch_sizes[1] == (12, 1)
+    engine.config = HFEngineConfig(device="cpu", num_threads=None, share_prompt_prefill=False)
+    plain = engine.generate_ids(GROUPED, sampling, seed=5)
+    for (c1, lp1, f1), (c2, lp2, f2) in zip(shared, plain):
+        assert c1 == c2 and f1 == f2
+        torch.testing.assert_close(torch.tensor(lp1), torch.tensor(lp2), atol=1e-5, rtol=0)
+    # and the log-probs are those of the model on the whole sequence (the trainer's recompute)
+    tok = engine.tokenizer
+    for ids, (completion, logprobs, _) in zip(GROUPED, shared):
+        seq = torch.tensor([ids + completion])
+        with torch.no_grad():
+            logits = engine.model(input_ids=seq).logits[0, len(ids) - 1 : -1].float()
+        expected = torch.log_softmax(logits, -1).gather(-1, torch.tensor(completion)[:, None])[:, 0]
+        torch.testing.assert_close(torch.tensor(logprobs), expected, atol=1e-5, rtol=0)
+    assert tok.pad_token_id is not None
+
+
+def test_no_repeated_prompt_or_a_one_token_prompt_prefills_every_row():
+    engine = HFEngine(HFEngineConfig(device="cpu", num_threads=None), POLICY, None)
+    rows = [[3, 4, 5], [6, 7]]
+    assert engine._shared_prefill(rows, *padded(engine, rows)) is None  # noqa: SLF001
+    rows = [[3], [3], [6, 7]]
+    assert engine._shared_prefill(rows, *padded(engine, rows)) is None  # noqa: SLF001
+
+
+def padded(engine: HFEngine, prompts):
+    width = max(len(ids) for ids in prompts)
+    pad = engine.tokenizer.pad_token_id
+    ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts])
+    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
+    return ids, mask

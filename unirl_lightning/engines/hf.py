@@ -75,6 +75,12 @@ class HFEngineConfig(TorchThreadsEngineConfig):
             core while a synchronous run generates; ``ceil(num_cpus_per_worker)`` when async), an
             int, or None = leave torch's default.
         max_batch_size: sequences per ``generate`` call.
+        share_prompt_prefill: rows of a call with the same prompt (a group's ``n`` samples) share
+            one prefill: the prompt, all but its last token, runs once per distinct prompt and its KV
+            cache is copied to each of its rows before ``generate`` decodes (what vLLM's prefix
+            caching does for a group). The samples and log-probs are those of the plain path up to
+            float rounding (the prefill runs at another batch size). Off, or a call without repeated
+            prompts or with a one-token prompt, prefills every row.
 
     Example::
 
@@ -84,6 +90,7 @@ class HFEngineConfig(TorchThreadsEngineConfig):
     device: str = "auto"
     num_threads: int | Literal["auto"] | None = "auto"
     max_batch_size: int = 256
+    share_prompt_prefill: bool = True
 
     def build(self, policy: PolicySpec, lora: LoraSpec | None = None) -> HFEngine:
         return HFEngine(self, policy, lora)
@@ -205,6 +212,10 @@ class HFEngine(InPlaceBucketLoading):  # a streamed push is loaded bucket by buc
         gen_kwargs.update(pad_token_id=tok.pad_token_id, eos_token_id=self.stop_ids)
         if sampling.stop:
             gen_kwargs.update(stop_strings=list(sampling.stop), tokenizer=tok)
+        if self.config.share_prompt_prefill:
+            shared = self._shared_prefill(prompts, input_ids, attention_mask)
+            if shared is not None:
+                gen_kwargs.update(shared)
         scorer = StepScorer(temperature=1.0 if greedy else sampling.temperature)
         with scorer.attached(unwrapped(self.model)):
             sequences = self.model.generate(input_ids=input_ids, attention_mask=attention_mask, **gen_kwargs)
@@ -221,6 +232,27 @@ class HFEngine(InPlaceBucketLoading):  # a streamed push is loaded bucket by buc
                 finish = "stop"
             samples.append((completion, logps[row, : len(completion)].tolist(), finish))
         return samples
+
+
+    def _shared_prefill(self, prompts: list[list[int]], input_ids: torch.Tensor, attention_mask: torch.Tensor):
+        """The KV cache of every row's prompt but its last token, computed once per distinct prompt and
+        copied to its rows (``generate`` then runs only the last prompt token and the decode steps);
+        None when no prompt repeats or a prompt has one token (nothing to share: prefill every row).
+        Returned as ``generate``'s keyword (``cache`` from transformers 5, ``past_key_values`` before)."""
+        first: dict[tuple[int, ...], int] = {}
+        rows_of = [first.setdefault(tuple(ids), len(first)) for ids in prompts]
+        if len(first) == len(prompts) or input_ids.shape[1] < 2 or min(len(ids) for ids in prompts) < 2:
+            return None
+        distinct = torch.tensor([rows_of.index(k) for k in range(len(first))], device=input_ids.device)
+        ids, mask = input_ids[distinct, :-1], attention_mask[distinct, :-1]
+        positions = (mask.long().cumsum(-1) - 1).masked_fill(mask == 0, 1)  # as generate derives them
+        out = self.model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True)
+        name = "cache" if "cache" in out.keys() else "past_key_values"
+        cache = out[name]
+        if not hasattr(cache, "batch_select_indices"):  # a cache kind rows cannot be copied in
+            return None
+        cache.batch_select_indices(torch.tensor(rows_of, device=input_ids.device))
+        return {name: cache}
 
 
 class StepScorer:

@@ -12,6 +12,13 @@ Contract:
   the workers ask for more; a joined cluster (``RAY_ADDRESS``, or a Ray already running) is left as
   it is. Whether workers fit is checked against the resources Ray has free, by the worker group
   (:func:`~unirl_lightning.workers.placement.check_free`).
+* Every worker this library starts (rollout, reward) runs at the driver's scheduling priority:
+  :func:`worker_runtime_env` sets ``RAY_worker_niceness`` (Ray starts its workers at ``nice 15``
+  by default, so any process of normal priority on the node, a trainer rank included, preempts
+  them; a worker's multi-threaded torch then waits at every OpenMP barrier for a descheduled
+  thread: measured 5-18x slower matrix products on a loaded 2-core node, 27 % slower generation in
+  the synchronous loop of ``benchmarks/vs_trl.py``). ``RAY_worker_niceness`` set in the driver's
+  environment is passed on instead.
 """
 
 from __future__ import annotations
@@ -29,10 +36,23 @@ import ray
 from unirl_lightning.ray_watchdog import start_watchdog, stop_watchdog
 from unirl_lightning.workers.placement import local_ray_gpus, only_gpus, visible_gpu_ids
 
-__all__ = ["connect_ranks", "ensure_ray", "shutdown_ray_if_owned"]
+__all__ = ["connect_ranks", "ensure_ray", "shutdown_ray_if_owned", "worker_runtime_env"]
+
+WORKER_NICENESS = 0  # the driver's default priority; Ray's own default for workers is 15
 
 _STARTED_BY_US = False
 _OWNED: dict[str, Any] = {}  # the local Ray's temp folder and watchdog, when this process started it
+
+
+def worker_runtime_env(runtime_env: dict[str, Any] | None = None) -> dict[str, Any]:
+    """``runtime_env`` (a Ray runtime environment, or None) with ``RAY_worker_niceness`` among its
+    ``env_vars``: ``WORKER_NICENESS``, or the driver's ``RAY_worker_niceness`` when set; a value the
+    caller's ``env_vars`` already hold is kept."""
+    env = dict(runtime_env or {})
+    env_vars = dict(env.get("env_vars") or {})
+    env_vars.setdefault("RAY_worker_niceness", os.environ.get("RAY_worker_niceness", str(WORKER_NICENESS)))
+    env["env_vars"] = env_vars
+    return env
 
 
 def ensure_ray(

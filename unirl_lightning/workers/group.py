@@ -37,7 +37,7 @@ import ray
 from unirl_lightning.rollout.records import RolloutRequest
 from unirl_lightning.workers.actor import RolloutWorker
 from unirl_lightning.workers.calls import GenerationCall, WorkerSubset, call_every, kill_actors
-from unirl_lightning.workers.cluster import connect_ranks, ensure_ray, shutdown_ray_if_owned
+from unirl_lightning.workers.cluster import connect_ranks, ensure_ray, shutdown_ray_if_owned, worker_runtime_env
 from unirl_lightning.workers.placement import Layout, check_free, place_workers
 
 __all__ = ["RolloutWorkerGroup", "WorkerSubset"]
@@ -101,7 +101,7 @@ class RolloutWorkerGroup:
             raise ValueError(f"num_workers must be >= 1, got {num_workers}")
         ensure_ray()
         self._actor_cls = ray.remote(worker_cls)
-        self._common = dict(runtime_env=runtime_env, max_concurrency=1)
+        self._common = dict(runtime_env=worker_runtime_env(runtime_env), max_concurrency=1)
         self._placement: Any = None
         resources = dict(resources_per_worker or {})
         if num_gpus_per_worker > 0 or resources:  # a placement group per worker, ready or an error

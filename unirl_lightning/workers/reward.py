@@ -37,7 +37,7 @@ import ray
 
 from unirl_lightning.workers.actor import score_groups
 from unirl_lightning.workers.calls import call_every, kill_actors
-from unirl_lightning.workers.cluster import ensure_ray
+from unirl_lightning.workers.cluster import ensure_ray, worker_runtime_env
 from unirl_lightning.workers.placement import check_free, place_workers
 
 __all__ = ["RewardWorker", "RewardWorkerPool"]
@@ -125,7 +125,8 @@ class RewardWorkerPool:
             raise
 
     def _new_actor(self, index: int) -> Any:
-        return self._actor_cls.options(max_concurrency=1, **self._options[index]).remote(self._reward, index)
+        options = dict(max_concurrency=1, runtime_env=worker_runtime_env(), **self._options[index])
+        return self._actor_cls.options(**options).remote(self._reward, index)
 
     def deadline_s(self, samples: int) -> float:
         """How long a reward actor may take for ``samples`` samples: ``timeout_s`` per 1024."""
