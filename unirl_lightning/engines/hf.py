@@ -233,8 +233,9 @@ class HFEngine(InPlaceBucketLoading):  # a streamed push is loaded bucket by buc
             samples.append((completion, logps[row, : len(completion)].tolist(), finish))
         return samples
 
-
-    def _shared_prefill(self, prompts: list[list[int]], input_ids: torch.Tensor, attention_mask: torch.Tensor):
+    def _shared_prefill(
+        self, prompts: list[list[int]], input_ids: torch.Tensor, attention_mask: torch.Tensor
+    ):
         """The KV cache of every row's prompt but its last token, computed once per distinct prompt and
         copied to its rows (``generate`` then runs only the last prompt token and the decode steps);
         None when no prompt repeats or a prompt has one token (nothing to share: prefill every row).

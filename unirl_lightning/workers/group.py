@@ -37,7 +37,12 @@ import ray
 from unirl_lightning.rollout.records import RolloutRequest
 from unirl_lightning.workers.actor import RolloutWorker
 from unirl_lightning.workers.calls import GenerationCall, WorkerSubset, call_every, kill_actors
-from unirl_lightning.workers.cluster import connect_ranks, ensure_ray, shutdown_ray_if_owned, worker_runtime_env
+from unirl_lightning.workers.cluster import (
+    connect_ranks,
+    ensure_ray,
+    shutdown_ray_if_owned,
+    worker_runtime_env,
+)
 from unirl_lightning.workers.placement import Layout, check_free, place_workers
 
 __all__ = ["RolloutWorkerGroup", "WorkerSubset"]
