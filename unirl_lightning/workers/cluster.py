@@ -18,7 +18,8 @@ Contract:
   them; a worker's multi-threaded torch then waits at every OpenMP barrier for a descheduled
   thread: measured 5-18x slower matrix products on a loaded 2-core node, 27 % slower generation in
   the synchronous loop of ``benchmarks/vs_trl.py``). ``RAY_worker_niceness`` set in the driver's
-  environment is passed on instead.
+  environment is passed on instead. A worker whose engine sets its torch threads also starts with
+  ``OMP_NUM_THREADS`` at that count (:func:`worker_runtime_env`).
 """
 
 from __future__ import annotations
@@ -44,13 +45,18 @@ _STARTED_BY_US = False
 _OWNED: dict[str, Any] = {}  # the local Ray's temp folder and watchdog, when this process started it
 
 
-def worker_runtime_env(runtime_env: dict[str, Any] | None = None) -> dict[str, Any]:
+def worker_runtime_env(runtime_env: dict[str, Any] | None = None, threads: Any = None) -> dict[str, Any]:
     """``runtime_env`` (a Ray runtime environment, or None) with ``RAY_worker_niceness`` among its
-    ``env_vars``: ``WORKER_NICENESS``, or the driver's ``RAY_worker_niceness`` when set; a value the
-    caller's ``env_vars`` already hold is kept."""
+    ``env_vars``: ``WORKER_NICENESS``, or the driver's ``RAY_worker_niceness`` when set; and, given a
+    worker's torch thread count ``threads`` (a positive int), ``OMP_NUM_THREADS`` set to it (Ray sets
+    it to the actor's ``num_cpus``, 1 by default, and an OpenMP runtime started at 1 thread runs a
+    later ``torch.set_num_threads(2)`` about 40 % slower on small products than one started at 2).
+    A value the caller's ``env_vars`` already hold is kept."""
     env = dict(runtime_env or {})
     env_vars = dict(env.get("env_vars") or {})
     env_vars.setdefault("RAY_worker_niceness", os.environ.get("RAY_worker_niceness", str(WORKER_NICENESS)))
+    if isinstance(threads, int) and not isinstance(threads, bool) and threads > 0:
+        env_vars.setdefault("OMP_NUM_THREADS", str(threads))
     env["env_vars"] = env_vars
     return env
 

@@ -106,7 +106,8 @@ class RolloutWorkerGroup:
             raise ValueError(f"num_workers must be >= 1, got {num_workers}")
         ensure_ray()
         self._actor_cls = ray.remote(worker_cls)
-        self._common = dict(runtime_env=worker_runtime_env(runtime_env), max_concurrency=1)
+        threads = getattr(engine_config, "num_threads", None)  # an engine's resolved torch threads
+        self._common = dict(runtime_env=worker_runtime_env(runtime_env, threads), max_concurrency=1)
         self._placement: Any = None
         resources = dict(resources_per_worker or {})
         if num_gpus_per_worker > 0 or resources:  # a placement group per worker, ready or an error
