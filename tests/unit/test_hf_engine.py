@@ -115,14 +115,12 @@ def test_rows_of_one_prompt_share_its_prefill_and_sample_as_the_plain_path(lora)
         assert c1 == c2 and f1 == f2
         torch.testing.assert_close(torch.tensor(lp1), torch.tensor(lp2), atol=1e-5, rtol=0)
     # and the log-probs are those of the model on the whole sequence (the trainer's recompute)
-    tok = engine.tokenizer
     for ids, (completion, logprobs, _) in zip(GROUPED, shared):
         seq = torch.tensor([ids + completion])
         with torch.no_grad():
             logits = engine.model(input_ids=seq).logits[0, len(ids) - 1 : -1].float()
         expected = torch.log_softmax(logits, -1).gather(-1, torch.tensor(completion)[:, None])[:, 0]
         torch.testing.assert_close(torch.tensor(logprobs), expected, atol=1e-5, rtol=0)
-    assert tok.pad_token_id is not None
 
 
 def test_no_repeated_prompt_or_a_one_token_prompt_prefills_every_row():

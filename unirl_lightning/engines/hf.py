@@ -240,11 +240,17 @@ class HFEngine(InPlaceBucketLoading):  # a streamed push is loaded bucket by buc
         copied to its rows (``generate`` then runs only the last prompt token and the decode steps);
         None when no prompt repeats or a prompt has one token (nothing to share: prefill every row).
         Returned as ``generate``'s keyword (``cache`` from transformers 5, ``past_key_values`` before)."""
-        first: dict[tuple[int, ...], int] = {}
-        rows_of = [first.setdefault(tuple(ids), len(first)) for ids in prompts]
-        if len(first) == len(prompts) or input_ids.shape[1] < 2 or min(len(ids) for ids in prompts) < 2:
+        index_of: dict[tuple[int, ...], int] = {}  # a distinct prompt -> its place among the distinct
+        distinct: list[int] = []  # the first row of each distinct prompt
+        rows_of: list[int] = []  # each row's distinct prompt
+        for row, prompt in enumerate(prompts):
+            key = tuple(prompt)
+            if key not in index_of:
+                index_of[key] = len(distinct)
+                distinct.append(row)
+            rows_of.append(index_of[key])
+        if len(distinct) == len(prompts) or min(len(ids) for ids in prompts) < 2:
             return None
-        distinct = torch.tensor([rows_of.index(k) for k in range(len(first))], device=input_ids.device)
         ids, mask = input_ids[distinct, :-1], attention_mask[distinct, :-1]
         positions = (mask.long().cumsum(-1) - 1).masked_fill(mask == 0, 1)  # as generate derives them
         out = self.model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True)

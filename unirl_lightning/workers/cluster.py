@@ -16,8 +16,8 @@ Contract:
   :func:`worker_runtime_env` sets ``RAY_worker_niceness`` (Ray starts its workers at ``nice 15``
   by default, so any process of normal priority on the node, a trainer rank included, preempts
   them; a worker's multi-threaded torch then waits at every OpenMP barrier for a descheduled
-  thread: measured 5-18x slower matrix products on a loaded 2-core node, 27 % slower generation in
-  the synchronous loop of ``benchmarks/vs_trl.py``). ``RAY_worker_niceness`` set in the driver's
+  thread: measured 5-18x slower 2-thread matrix products on a loaded 2-core node).
+  ``RAY_worker_niceness`` set in the driver's
   environment is passed on instead. A worker whose engine sets its torch threads also starts with
   ``OMP_NUM_THREADS`` at that count (:func:`worker_runtime_env`).
 """
