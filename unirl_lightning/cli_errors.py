@@ -82,17 +82,27 @@ def summarize_parse_error(message: str) -> str | None:
     """One line for jsonargparse's nested message: the full key and what was wrong, with the accepted
     keys closest to a misspelled one (``difflib``) and the classes a module offers for an unknown
     ``class_path``; None when the message has no such structure."""
-    lines = [line.strip() for line in message.splitlines()]
+    return _summarize([line.strip() for line in message.splitlines()], "")
+
+
+def _summarize(lines: list[str], parent: str) -> str | None:
+    """:func:`summarize_parse_error` of the message ``lines`` of the key under ``parent`` (a class
+    inside a class: an engine config inside the strategy, recursed into)."""
     outer = re.match(r'Parser key "([^"]+)":', lines[0]) if lines else None
     problem = next(
         (i for i, line in enumerate(lines) if line.startswith("- Problem with given class_path")), None
     )
     if outer is None or problem is None or problem + 1 >= len(lines):
         return None
-    section = outer[1]
+    section = parent + outer[1]
     class_path = re.search(r"class_path '([^']+)'", lines[problem])[1]
     detail = lines[problem + 1]
     inner = re.match(r'Parser key "([^"]+)":', detail)
+    nested = any(line.startswith("- Problem with given class_path") for line in lines[problem + 2 :])
+    if inner and nested:
+        deeper = _summarize(lines[problem + 1 :], f"{section}.init_args.")
+        if deeper is not None:
+            return deeper
     if inner:
         key = f"{section}.init_args.{inner[1]}"
         reasons = [

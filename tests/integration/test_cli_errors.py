@@ -5,6 +5,7 @@ unknown engine (with the engines), and a missing data file (before any run folde
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -12,6 +13,14 @@ import pytest
 from unirl_lightning.cli import run_cli
 
 RECIPE = str(Path(__file__).resolve().parents[2] / "examples" / "grpo_tiny.yaml")
+
+
+def _engine(class_name: str, **init_args: object) -> str:
+    """The command-line argument that sets the strategy's engine to ``class_name`` (under
+    ``unirl_lightning.engines``) with ``init_args``."""
+    spec = {"class_path": f"unirl_lightning.engines.{class_name}", "init_args": init_args}
+    return f"--trainer.strategy.init_args.engine={json.dumps(spec)}"
+
 
 CASES = [
     ("--model.init_args.num_generations=-4", "model.init_args.num_generations must be >= 1, got -4"),
@@ -61,6 +70,21 @@ CASES = [
     (
         "--trainer.strategy.init_args.abort_timeout_s=0",
         "trainer.strategy.init_args.abort_timeout_s must be > 0, got 0",
+    ),
+    # an engine given as a class_path: its fields are type-checked like the strategy's own
+    (
+        _engine("hf.HFEngineConfig", share_prompt_prefill="maybe"),
+        "trainer.strategy.init_args.engine.init_args.share_prompt_prefill: Expected a <class 'bool'>. "
+        "Got value: maybe",
+    ),
+    (
+        _engine("vllm.VLLMEngineConfig", gpu_memory_utilization="high"),
+        "trainer.strategy.init_args.engine.init_args.gpu_memory_utilization: Expected a <class 'float'>",
+    ),
+    (
+        _engine("sglang.SGLangEngineConfig", tp_sise=2),
+        "trainer.strategy.init_args.engine.init_args.tp_sise: SGLangEngineConfig has no setting "
+        "'tp_sise'; did you mean 'tp_size'?",
     ),
 ]
 

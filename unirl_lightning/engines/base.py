@@ -31,7 +31,7 @@ from __future__ import annotations
 import dataclasses
 import importlib
 from collections.abc import Iterable, Sequence
-from typing import Any, ClassVar, Literal, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, ClassVar, Literal, Protocol, runtime_checkable
 
 import torch
 
@@ -111,7 +111,13 @@ class EngineConfig:
     ``"diffusion"`` (flow-matching image models: Flow-GRPO). ``build`` runs inside the worker.
     """
 
-    family: ClassVar[PolicyFamily] = "token"
+    # The class attributes' types are declared for type checkers only: a base class's string annotation
+    # is evaluated in the globals of each subclass's module by ``get_type_hints(cls, globalns)``, the
+    # call jsonargparse makes for a dataclass, and one name that module lacks (``PolicyFamily``) left
+    # every field of HFEngineConfig, VLLMEngineConfig and SGLangEngineConfig unvalidated in YAML.
+    if TYPE_CHECKING:
+        family: ClassVar[PolicyFamily]
+    family = "token"
 
     def validate(self, policy: Any, lora: Any = None) -> None:
         """Raise ``ValueError`` on the driver, before any worker starts, if this engine cannot serve
@@ -130,7 +136,8 @@ class TorchThreadsEngineConfig(EngineConfig):
     """Base of the configs whose engine runs torch in the worker process itself (HF, diffusion): their
     ``num_threads`` field (``"auto"`` = the strategy's CPU rule) sets its intra-op threads."""
 
-    num_threads: int | Literal["auto"] | None
+    if TYPE_CHECKING:  # declared for type checkers only (see EngineConfig); each subclass's field
+        num_threads: int | Literal["auto"] | None
 
     def with_cpu_threads(self, threads: int) -> EngineConfig:
         return dataclasses.replace(self, num_threads=threads) if self.num_threads == "auto" else self
