@@ -29,7 +29,13 @@ natural stopping at ``<|im_end|>``, 2 prompts x 8 samples x up to 64 new tokens 
   so step k trains on the same two prompts on both sides;
 * ``trl-grpo``: TRL with ``advantage: grpo`` (``scale_rewards="group"``, TRL's default);
   ``trl-grpo-defaults``: that with GRPOConfig's defaults for precision and memory (``bf16=True``,
-  ``gradient_checkpointing=True``).
+  ``gradient_checkpointing=True``);
+* the options against ``async``'s one step of staleness, ours only: ``async-recompute``
+  (``old_logprob: recompute``: decoupled PPO, the ratio taken against the trainer's own log-probs of
+  the batch before its update, the proximal policy), ``async-tis`` (that with ``tis_cap: 2.0``: each
+  token also reweighted by its truncated importance weight against the engine's log-probs) and
+  ``async-inflight1`` (``max_staleness: 1`` with ``max_inflight: 1``: one generation in flight, the
+  next one overlapping this step's training).
 
 Both sides score the untrained model first (step 0), so the two evaluations are checked against each
 other: they must agree there. Times are wall-clock from the start of the run's process (model
@@ -57,6 +63,7 @@ import smollm2_trl  # noqa: E402
 RECIPE = common.REPO / "examples" / "grpo_smollm2_cpu.yaml"
 GRPO_ADVANTAGE = ["--model.init_args.advantage", "grpo"]
 SYNC = ["--trainer.strategy.init_args.max_staleness", "0", "--trainer.strategy.init_args.max_inflight", "1"]
+RECOMPUTE = ["--model.init_args.old_logprob", "recompute"]
 CONFIGS: dict[str, list[str]] = {  # extra CLI arguments, given to the recipe on both sides
     "async": [],
     "sync": SYNC,
@@ -66,6 +73,10 @@ CONFIGS: dict[str, list[str]] = {  # extra CLI arguments, given to the recipe on
     "trl-grpo": GRPO_ADVANTAGE,
     "trl-grpo-defaults": GRPO_ADVANTAGE,  # and GRPOConfig's defaults bf16=True, gradient checkpointing
     "trl-same-order": [],  # TRL on our prompt stream: the same prompts at the same steps as ours
+    # the options against the async side's one step of staleness (ours only)
+    "async-recompute": RECOMPUTE,
+    "async-tis": [*RECOMPUTE, "--model.init_args.tis_cap", "2.0"],
+    "async-inflight1": ["--trainer.strategy.init_args.max_inflight", "1"],
 }
 TRL_SIDES = ("trl", "trl-grpo", "trl-grpo-defaults", "trl-same-order")
 
@@ -151,6 +162,9 @@ def plot(results: dict[str, Any], path: Path) -> None:
         "trl-grpo": "tab:orange",
         "trl-grpo-defaults": "tab:brown",
         "trl-same-order": "tab:purple",
+        "async-recompute": "tab:gray",
+        "async-tis": "tab:pink",
+        "async-inflight1": "black",
     }
     for name, color in colors.items():
         mine = [r for r in results["runs"] if r["name"] == name]
