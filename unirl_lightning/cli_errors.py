@@ -98,12 +98,10 @@ def _summarize(lines: list[str], parent: str) -> str | None:
     class_path = re.search(r"class_path '([^']+)'", lines[problem])[1]
     detail = lines[problem + 1]
     inner = re.match(r'Parser key "([^"]+)":', detail)
-    nested = any(line.startswith("- Problem with given class_path") for line in lines[problem + 2 :])
-    if inner and nested:
+    if inner:  # a class inside this one (an engine config in the strategy) names the deeper key
         deeper = _summarize(lines[problem + 1 :], f"{section}.init_args.")
         if deeper is not None:
             return deeper
-    if inner:
         key = f"{section}.init_args.{inner[1]}"
         reasons = [
             line.lstrip("- ") for line in lines[problem + 2 :] if line and not line.startswith("Given value")
