@@ -59,16 +59,16 @@ sandbox:
 
 test: $(STAMP) sandbox
 	$(VENV)/bin/ruff check .
-	$(PY) -m pytest -m "not gpu and not multirank and not slow" -q --doctest-modules unirl_lightning tests
+	$(PY) -m pytest -m "not gpu and not multirank and not slow" -q --durations=15 --doctest-modules unirl_lightning tests
 
 # the end-to-end runs marked slow (recipes that must learn, real SmolLM2, worker faults, fake-GPU Ray
 # clusters, kill-and-resume through the CLI); CI runs them after make test
 test-slow: $(STAMP) sandbox
-	$(PY) -m pytest -m "slow and not gpu and not multirank" -q tests
+	$(PY) -m pytest -m "slow and not gpu and not multirank" -q --durations=15 tests
 
-# the 2-rank DDP/FSDP runs (each a subprocess with two training processes): about 3.5 minutes; CI runs them
+# the 2-rank DDP/FSDP runs (each a subprocess with two training processes): about 8 minutes on 2 cores; CI runs them
 test-multirank: $(STAMP)
-	$(PY) -m pytest -m multirank -q tests
+	$(PY) -m pytest -m multirank -q --durations=15 tests
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .

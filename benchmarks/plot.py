@@ -23,6 +23,7 @@ FIGURES = {
     "vs_trl_smollm2": "vs_trl_report",
     "vs_trl_smollm2_natural": "vs_trl_report",
     "smollm2_learning": "smollm2_learning",
+    "smollm2_learning_seeds": "smollm2_learning",
     "time_to_accuracy": "time_to_accuracy_report",
     "step_overhead": "step_overhead_report",
 }

@@ -50,6 +50,7 @@ side is in ``smollm2_trl.py``.
 from __future__ import annotations
 
 import json
+import statistics
 import tempfile
 import time
 from pathlib import Path
@@ -168,17 +169,34 @@ def plot(results: dict[str, Any], path: Path) -> None:
     }
     for name, color in colors.items():
         mine = [r for r in results["runs"] if r["name"] == name]
-        for i, run in enumerate(mine):
-            label = f"{name} ({len(mine)} seed{'s' if len(mine) > 1 else ''})" if i == 0 else None
+        if not mine:
+            continue
+        label = f"{name} ({len(mine)} seed{'s' if len(mine) > 1 else ''})"
+        # the recipe's settings (dr_grpo) solid, the group-std variants dashed
+        linestyle = "--" if "grpo" in name else "-"
+        for run in mine:  # every run, faint
             steps = [e["step"] for e in run["evals"]]
             times = [e["t"] / 60 for e in run["evals"]]
             acc = [64 * e["heldout_accuracy"] for e in run["evals"]]
-            # the recipe's settings (dr_grpo) solid, the group-std variants dashed and faded
-            style = (
-                {"linestyle": "--", "alpha": 0.45} if "grpo" in name else {"linestyle": "-", "alpha": 0.85}
-            )
-            axes[0].plot(times, acc, marker="o", color=color, label=label, **style)
-            axes[1].plot(steps, acc, marker="o", color=color, label=label, **style)
+            axes[0].plot(times, acc, marker="o", color=color, linestyle=linestyle, alpha=0.3)
+            axes[1].plot(steps, acc, marker=".", color=color, linestyle=linestyle, alpha=0.2)
+        axes[0].plot([], [], marker="o", color=color, linestyle=linestyle, label=label)
+        # the median over seeds at each evaluated step, bold
+        by_step: dict[int, list[float]] = {}
+        for run in mine:
+            for e in run["evals"]:
+                by_step.setdefault(e["step"], []).append(64 * e["heldout_accuracy"])
+        steps = sorted(by_step)
+        medians = [statistics.median(by_step[k]) for k in steps]
+        axes[1].plot(
+            steps,
+            medians,
+            marker="o",
+            color=color,
+            linestyle=linestyle,
+            linewidth=2.5,
+            label=f"{label}, median",
+        )
     axes[0].set_xlabel("wall time from process start (min)")
     axes[1].set_xlabel("optimizer step")
     for ax in axes:

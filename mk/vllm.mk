@@ -39,4 +39,4 @@ $(VLLM_STAMP): pyproject.toml mk/vllm.mk
 	touch $(VLLM_STAMP)
 
 test-vllm: $(VLLM_STAMP)
-	VLLM_ENABLE_V1_MULTIPROCESSING=0 $(VLLM_PY) -m pytest tests/vllm -q
+	VLLM_ENABLE_V1_MULTIPROCESSING=0 $(VLLM_PY) -m pytest tests/vllm -q --durations=15
