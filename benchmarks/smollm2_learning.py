@@ -174,18 +174,17 @@ def plot(results: dict[str, Any], path: Path) -> None:
         label = f"{name} ({len(mine)} seed{'s' if len(mine) > 1 else ''})"
         # the recipe's settings (dr_grpo) solid, the group-std variants dashed
         linestyle = "--" if "grpo" in name else "-"
+        by_step: dict[int, list[float]] = {}  # held-out accuracy at each evaluated step, over seeds
         for run in mine:  # every run, faint
             steps = [e["step"] for e in run["evals"]]
             times = [e["t"] / 60 for e in run["evals"]]
             acc = [64 * e["heldout_accuracy"] for e in run["evals"]]
             axes[0].plot(times, acc, marker="o", color=color, linestyle=linestyle, alpha=0.3)
             axes[1].plot(steps, acc, marker=".", color=color, linestyle=linestyle, alpha=0.2)
+            for step, a in zip(steps, acc):
+                by_step.setdefault(step, []).append(a)
         axes[0].plot([], [], marker="o", color=color, linestyle=linestyle, label=label)
         # the median over seeds at each evaluated step, bold
-        by_step: dict[int, list[float]] = {}
-        for run in mine:
-            for e in run["evals"]:
-                by_step.setdefault(e["step"], []).append(64 * e["heldout_accuracy"])
         steps = sorted(by_step)
         medians = [statistics.median(by_step[k]) for k in steps]
         axes[1].plot(
