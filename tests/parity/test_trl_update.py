@@ -1,6 +1,6 @@
 """One update of ours against one of TRL's ``GRPOTrainer``, update for update, on the SmolLM2 LoRA recipe.
 
-Three batches are sampled once with the recipe's settings (``examples/grpo_smollm2_cpu.yaml``:
+Three batches are sampled at once with the recipe's settings (``examples/grpo_smollm2_cpu.yaml``:
 SmolLM2-135M-Instruct, LoRA rank 16, 2 prompts x 8 samples x 64 tokens at temperature 0.6,
 ``dr_grpo``, lr 4e-4, clipping at 1.0), by our HF engine from the initial adapters. Both sides start
 from copies of the same ``PeftModel`` and apply three consecutive updates, one per batch, on the same
@@ -16,10 +16,13 @@ tensor and overall), and after it the adapters' deltas. Deltas alone would be bl
 scale: one AdamW step from a zero LoRA B moves every entry by about lr x sign. The figures are
 printed (``pytest -s``) for the record.
 
-Measured (CPU, float32): update 1 gradients cosine >= 0.99999999 per tensor, norm ratio within 1.1e-5;
-updates 2 and 3 (batches sampled before the earlier updates: ratios up to 3.4 and 20) cosine >= 0.9999993,
-norm ratio within 4e-4. With our default dual-clip (``clip_ratio_c=3.0``) update 2 differs (worst
-tensor cosine 0.85): TRL has no dual-clip, so this test turns it off; on-policy (ratio 1) it never acts.
+Measured (CPU, float32): update 1 gradients cosine >= 0.9999999997 per tensor, norm ratio within 1.9e-5;
+updates 2 and 3 (the batches were sampled before the earlier updates: ratios up to 3.2 and 3.8) cosine
+>= 0.999998 per tensor, norm ratio within 3e-4; overall cosine >= 0.99999999988 at every update. Our
+default dual-clip (``clip_ratio_c=3.0``) is off here: TRL has none, and a token whose ratio passed 3 under
+a negative advantage (4 tokens of update 3's batch) then loses its gradient on our side only (on an
+earlier draw of the batches one such token turned the worst tensor's cosine to 0.85); on-policy (ratio 1)
+it never acts.
 """
 
 from __future__ import annotations
@@ -43,8 +46,8 @@ def recipe(tmp_path, monkeypatch):
 
     monkeypatch.chdir(tmp_path)  # the parsed logger and checkpoint folders land here, unused
     # TRL has no dual-clip: with the recipe's clip_ratio_c=3.0 a token whose ratio passed 3 under a
-    # negative advantage loses its gradient on our side only (measured below: one such token in update 2
-    # turned the worst tensor's cosine to 0.85, the overall one to 0.9946)
+    # negative advantage loses its gradient on our side only (on an earlier draw of the batches one such
+    # token turned the worst tensor's cosine to 0.85, the overall one to 0.9946)
     cli = UniRLCLI(
         args=["--config", str(RECIPE), "--seed_everything", "0", "--model.init_args.clip_ratio_c=null"],
         run=False,
@@ -53,27 +56,43 @@ def recipe(tmp_path, monkeypatch):
 
 
 def sample_batches(module, data) -> list:
+    """The three batches of 2 prompts x ``num_generations``, sampled in one request (one generate
+    over the 6 prompts' rows: a third of the decode steps of three requests)."""
     from unirl_lightning.engines.hf import HFEngineConfig
     from unirl_lightning.rollout.batches import ExperienceBatch
     from unirl_lightning.rollout.records import RolloutRequest
 
     engine = HFEngineConfig(device="cpu", num_threads=None).build(module.policy_spec, module.lora)
-    records = data.train_records()
-    batches = []
-    for k in range(UPDATES):
-        request = RolloutRequest(
-            records=[dict(r) for r in records[2 * k : 2 * k + 2]],
-            n=module.num_generations,
-            sampling=module.sampling,
-            seed=k,
-        )
-        groups = engine.generate(request)
-        texts = [r.text for g in groups for r in g]
-        rewards = module.reward(texts, [rec for rec, g in zip(request.records, groups) for _ in g])
-        for rollout, reward in zip((r for g in groups for r in g), rewards):
-            rollout.reward = float(reward)
-        batches.append(ExperienceBatch.collate(groups, pad_token_id=module.tokenizer.pad_token_id))
-    return batches
+    request = RolloutRequest(
+        records=[dict(r) for r in data.train_records()[: 2 * UPDATES]],
+        n=module.num_generations,
+        sampling=module.sampling,
+        seed=0,
+    )
+    groups = engine.generate(request)
+    assert len(groups) == 2 * UPDATES and all(len(g) == module.num_generations for g in groups)
+    texts = [r.text for g in groups for r in g]
+    rewards = module.reward(texts, [rec for rec, g in zip(request.records, groups) for _ in g])
+    for rollout, reward in zip((r for g in groups for r in g), rewards):
+        rollout.reward = float(reward)
+    return [
+        ExperienceBatch.collate(groups[2 * k : 2 * k + 2], pad_token_id=module.tokenizer.pad_token_id)
+        for k in range(UPDATES)
+    ]
+
+
+def record_logprobs(module) -> list[torch.Tensor]:
+    """Keep what the module's own forwards return (the log-probs of the update's forward), so the
+    off-policy figures printed below cost no forward of their own."""
+    seen, compute = [], module.sequence_logprobs
+
+    def recording(*args, **kwargs):
+        out = compute(*args, **kwargs)
+        seen.append((out[0] if isinstance(out, tuple) else out).detach())
+        return out
+
+    module.sequence_logprobs = recording
+    return seen
 
 
 def trl_inputs(batch, advantages, pad_id: int) -> dict[str, torch.Tensor]:
@@ -187,6 +206,7 @@ def test_three_updates_match_trls_update_for_update(tmp_path, monkeypatch):
     module.optimizers = lambda: optimizer
     module.manual_backward = lambda loss: loss.backward()
     trainer = make_trl_trainer(module, theirs_model, tmp_path)
+    seen = record_logprobs(module)
     theirs_model.train()
     ours_params, theirs_params = adapters(module.policy), adapters(theirs_model)
     assert ours_params.keys() == theirs_params.keys() and len(ours_params) > 0
@@ -195,16 +215,17 @@ def test_three_updates_match_trls_update_for_update(tmp_path, monkeypatch):
         before_theirs = {n: p.detach().clone() for n, p in theirs_params.items()}
         optimizer.zero_grad()
         context = module.prepare_batch(batch)
+        seen.clear()
         module.backward_minibatch(batch, context)
+        assert len(seen) == 1, "one forward over the whole batch (no micro-batches in the recipe)"
         trainer.optimizer.zero_grad()
         loss = trainer._compute_loss(
             theirs_model, trl_inputs(batch, context.advantages, module.tokenizer.pad_token_id)
         )
         loss.backward()
         with torch.no_grad():  # how far off-policy the batch is for the weights being updated
-            logp = module.sequence_logprobs(module.policy, batch)
             mask = batch.response_mask[:, 1:].bool()
-            ratio = torch.exp(logp - batch.rollout_logprobs[:, 1:])[mask]
+            ratio = torch.exp(seen[0] - batch.rollout_logprobs[:, 1:])[mask]
             negative = context.advantages[:, None].expand_as(mask)[mask] < 0
             print(
                 f"update {step + 1}: ratio max {float(ratio.max()):.3f}, tokens with A<0 and ratio>3: "

@@ -5,7 +5,6 @@ folder of FSDP2 shards (2 gloo ranks); and the mistakes fail naming what is wron
 from __future__ import annotations
 
 import os
-import socket
 from pathlib import Path
 
 import pytest
@@ -203,12 +202,6 @@ def test_a_checkpoint_of_another_policy_is_refused_naming_the_tensors(tmp_path):
 
 
 # -- a folder of FSDP2 shards --------------------------------------------------------------------
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 class _Strategy:
     def barrier(self, name=None):
         torch.distributed.barrier()
@@ -221,7 +214,7 @@ class _Trainer:
         self.is_global_zero = rank == 0
 
 
-def _sharded_rank(rank: int, port: int, folder: str, lora_rank: int) -> None:
+def _sharded_rank(rank: int, folder: str, lora_rank: int) -> None:
     """One of 2 gloo ranks: FSDP2-shard a trained module as AsyncRolloutFSDPStrategy does, write the
     sharded checkpoint as Lightning's ModelParallelStrategy does, and export at train end with the
     callback (the gather of every tensor is a collective of both ranks)."""
@@ -232,9 +225,11 @@ def _sharded_rank(rank: int, port: int, folder: str, lora_rank: int) -> None:
     from unirl_lightning.callbacks import ExportOnTrainEnd
     from unirl_lightning.sharding import is_sharded, shard_children
 
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", rank=rank, world_size=2)
+    # a file store, not a TCP one: no port to race for, and no store server living in rank 0 that
+    # rank 1 still needs while the two tear down
+    store = dist.FileStore(str(Path(folder).parent / "store"), 2)
+    dist.init_process_group("gloo", store=store, rank=rank, world_size=2)
     try:
         trained = module(lora=LoraSpec(rank=lora_rank) if lora_rank else None)
         train_a_little(trained.policy)
@@ -258,7 +253,7 @@ def test_a_sharded_fsdp_checkpoint_folder_exports_in_one_process(tmp_path, lora_
 
     folder = tmp_path / "last.ckpt"
     torch.multiprocessing.start_processes(
-        _sharded_rank, args=(_free_port(), str(folder), lora_rank), nprocs=2, start_method="spawn"
+        _sharded_rank, args=(str(folder), lora_rank), nprocs=2, start_method="spawn"
     )
     assert (folder / ".metadata").is_file() and (folder / SHARDED_METADATA).is_file()
     whole = torch.load(tmp_path / "whole.pt", weights_only=True)
