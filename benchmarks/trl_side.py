@@ -8,7 +8,7 @@
 * :func:`trl_version`.
 
 A helper module (no ``main``). TRL, ``datasets`` and transformers are imported inside the functions:
-``pip install -e '.[bench]'`` (``trl>=1.16,<2``); the counting hooks are TRL 1.16's generation
+``pip install -e '.[bench]'`` (``trl>=1.16,<1.17``); the counting hooks are TRL 1.16's generation
 internals.
 """
 
@@ -123,7 +123,7 @@ def check_trl_counted(trainer: Any) -> None:
     if not trainer.completion_tokens or not trainer.generate_s:
         raise RuntimeError(
             f"TRL {trl_version()}: GRPOTrainer._generate / _generate_single_turn were not called, so the "
-            "generated tokens were not counted; these benchmarks hook TRL 1.16's internals (pip install 'trl>=1.16,<2')"
+            "generated tokens were not counted; these benchmarks hook TRL 1.16's internals (pip install 'trl>=1.16,<1.17')"
         )
 
 
