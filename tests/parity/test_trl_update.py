@@ -56,27 +56,28 @@ def recipe(tmp_path, monkeypatch):
 
 
 def sample_batches(module, data) -> list:
-    """The three batches of 2 prompts x ``num_generations``, sampled in one request (one generate
-    over the 6 prompts' rows: a third of the decode steps of three requests)."""
+    """The three batches of the recipe's ``batch_size`` prompts x ``num_generations``, sampled in one
+    request (one generate over all their rows: a third of the decode steps of three requests)."""
     from unirl_lightning.engines.hf import HFEngineConfig
     from unirl_lightning.rollout.batches import ExperienceBatch
     from unirl_lightning.rollout.records import RolloutRequest
 
     engine = HFEngineConfig(device="cpu", num_threads=None).build(module.policy_spec, module.lora)
+    per = data.batch_size
     request = RolloutRequest(
-        records=[dict(r) for r in data.train_records()[: 2 * UPDATES]],
+        records=[dict(r) for r in data.train_records()[: per * UPDATES]],
         n=module.num_generations,
         sampling=module.sampling,
         seed=0,
     )
     groups = engine.generate(request)
-    assert len(groups) == 2 * UPDATES and all(len(g) == module.num_generations for g in groups)
+    assert len(groups) == per * UPDATES and all(len(g) == module.num_generations for g in groups)
     texts = [r.text for g in groups for r in g]
     rewards = module.reward(texts, [rec for rec, g in zip(request.records, groups) for _ in g])
     for rollout, reward in zip((r for g in groups for r in g), rewards):
         rollout.reward = float(reward)
     return [
-        ExperienceBatch.collate(groups[2 * k : 2 * k + 2], pad_token_id=module.tokenizer.pad_token_id)
+        ExperienceBatch.collate(groups[per * k : per * (k + 1)], pad_token_id=module.tokenizer.pad_token_id)
         for k in range(UPDATES)
     ]
 
