@@ -86,10 +86,15 @@ bench-engines: $(VLLM_STAMP)
 clean:
 	rm -rf $(VENV) $(VLLM_VENV) runs lightning_logs .pytest_cache
 
-# precision and memory on one CUDA device (one JSON report; it has not run on a CUDA machine yet; says so and exits 0 without CUDA)
+# precision and memory on one CUDA device (one JSON report). It needs no install and no .venv: the script
+# puts this checkout first on sys.path, so it runs on the Python that holds the machine's CUDA torch
+# (GPU_PY, default python3) once the bundle's few wheels are there (make gpu-bundle, docs/gpus.md). Without
+# CUDA it fails with one line saying so; `make gpu-smoke GPU_SMOKE_ARGS=--cpu` is the CPU dry run.
+GPU_PY ?= python3
+GPU_SMOKE_ARGS ?=
 .PHONY: gpu-smoke
-gpu-smoke: $(STAMP)
-	$(PY) benchmarks/gpu_smoke.py
+gpu-smoke:
+	$(GPU_PY) benchmarks/gpu_smoke.py $(GPU_SMOKE_ARGS)
 
 # the wheels a minimal offline GPU image lacks (it has Python 3.12, torch, transformers, Lightning, peft,
 # tensorboard, torchmetrics, pyarrow, sympy; no Ray, jsonargparse, math-verify, datasets, vLLM), for a
@@ -97,11 +102,18 @@ gpu-smoke: $(STAMP)
 GPU_BUNDLE := gpu-bundle
 GPU_BUNDLE_PYTHON ?= 3.12
 GPU_BUNDLE_PACKAGES := "jsonargparse[signatures]>=4.35,<5" "math-verify>=0.7,<1"
-.PHONY: gpu-bundle
+# the documented offline install (tests/integration/test_gpu_bundle.py runs exactly this line): wheels only,
+# no index, no build of this project (the smoke imports it from the checkout)
+GPU_BUNDLE_INSTALL := $(GPU_PY) -m pip install -q --no-index --find-links $(GPU_BUNDLE) $(GPU_BUNDLE_PACKAGES)
+.PHONY: gpu-bundle gpu-bundle-install
+# on the GPU machine, offline: `make gpu-bundle-install gpu-smoke`
+gpu-bundle-install:
+	$(GPU_BUNDLE_INSTALL)
+
 gpu-bundle:
 	rm -rf $(GPU_BUNDLE) && mkdir -p $(GPU_BUNDLE)
 	$(PYTHON) -m pip download -q --only-binary=:all: --python-version $(GPU_BUNDLE_PYTHON) \
 		--platform manylinux2014_x86_64 --platform manylinux_2_17_x86_64 --platform any \
 		-d $(GPU_BUNDLE) $(GPU_BUNDLE_PACKAGES)
 	@ls $(GPU_BUNDLE) && du -sh $(GPU_BUNDLE)
-	@echo 'install there: pip install --no-index --find-links $(GPU_BUNDLE) $(GPU_BUNDLE_PACKAGES) && pip install --no-deps -e . && python benchmarks/gpu_smoke.py'
+	@echo 'there, offline: make gpu-bundle-install gpu-smoke (that is: $(GPU_BUNDLE_INSTALL) && $(GPU_PY) benchmarks/gpu_smoke.py)'

@@ -17,13 +17,14 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 HYBRID_RECIPE = REPO / "examples" / "grpo_tiny_hybrid.yaml"
 REAL_CONFIG = REPO / "examples" / "model_configs" / "Qwen2.5-0.5B-Instruct"
+LEARNED_FACTOR = 2.0  # the last 20 steps' mean reward against the first 20's
 BF16_GAP = 0.05  # the bf16 pin's tolerance (as on_policy_pin's): mean |logp gap|, |ratio - 1|
 
 
 def check_hybrid_fit(record: dict, smoke: Any) -> None:
     """``unirl-lightning fit --config examples/grpo_tiny_hybrid.yaml`` in this process on the smoke's
     device, the policy in bf16 (float32 masters, ``precision: 32-true`` so AdamW stays fused). It must
-    learn (held-out accuracy up; CUDA: the recipe's 120 steps) and hold the pin within bf16's
+    learn (CUDA, the recipe's 120 steps: the last 20 steps' mean reward at least twice the first 20's) and hold the pin within bf16's
     tolerance; ``ray`` must not be imported."""
     from unirl_lightning.cli import run_cli
     from unirl_lightning.tb import read_scalars
@@ -63,9 +64,16 @@ def check_hybrid_fit(record: dict, smoke: Any) -> None:
         master_dtypes=sorted({str(p.dtype) for p in cli.model.policy.parameters()}),
         optimizer_fused=bool(optimizer.param_groups[0].get("fused")),
         weight_sync=type(cli.trainer.strategy.weight_sync).__name__,
-        ray_imported="ray" in sys.modules,
+        ray_imported=sys.modules.get("ray") is not None,  # None: an import blocked by a stand-in
     )
-    learned = accuracy[-1] > accuracy[0] if cuda else None  # a dry run is too short to judge
+    # "learns" is read from the sampled reward (320 samples per 20-step window), not from the 64 held-out
+    # prompts: on the first CUDA run four seeds ended at held-out 0.09-0.64 (bf16) and 0.16-0.77 (fp32)
+    # while the window's reward rose 3-20x in every one of the eight runs (docs/gpus.md)
+    rewards = [v for _, v in scalars["rollout/reward_mean"]]
+    window = min(20, len(rewards) // 2) or 1
+    first, last = sum(rewards[:window]) / window, sum(rewards[-window:]) / window
+    record.update(reward_first_window=round(first, 4), reward_last_window=round(last, 4))
+    learned = last >= LEARNED_FACTOR * first if cuda else None  # a dry run is too short to judge
     record["learned"] = learned
     record["ok"] = (
         record["steps"] == steps

@@ -33,6 +33,7 @@ from typing import Any, Literal
 
 import torch
 import torch.distributed as dist
+from lightning.pytorch.accelerators import CPUAccelerator
 from lightning.pytorch.strategies import (
     DDPStrategy,
     ModelParallelStrategy,
@@ -422,10 +423,19 @@ class AsyncRolloutStrategy(RolloutStrategyMixin, SingleDeviceStrategy):
     strategy_name = "async_rollout"
 
     def __init__(self, device: str = "auto", **rollout: Any) -> None:
-        if device == "auto":
+        self._device_auto = device == "auto"
+        if self._device_auto:
             device = "cuda:0" if torch.cuda.is_available() else "cpu"
         super().__init__(device=torch.device(device))
         self.init_rollout(**rollout)
+
+    @property
+    def root_device(self) -> torch.device:
+        """The training device; with ``device="auto"`` the Trainer's accelerator decides it, so
+        ``Trainer(accelerator="cpu")`` trains on the CPU of a machine that has a GPU."""
+        if self._device_auto and isinstance(self.accelerator, CPUAccelerator):
+            return torch.device("cpu")
+        return super().root_device
 
 
 class AsyncRolloutDDPStrategy(RolloutStrategyMixin, DDPStrategy):
