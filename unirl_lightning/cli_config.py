@@ -18,7 +18,12 @@ from lightning.pytorch.callbacks import ModelCheckpoint, ProgressBar
 
 from unirl_lightning.imports import import_callable
 from unirl_lightning.plan import FSDP_STRATEGY, world_size
-from unirl_lightning.preflight import hybrid_engine_error, sync_replacement_error, weight_sync_placement_error
+from unirl_lightning.preflight import (
+    hybrid_engine_error,
+    recipe_device_errors,
+    sync_replacement_error,
+    weight_sync_placement_error,
+)
 
 
 def _strategy_settings(trainer: Any) -> dict[str, Any] | None:
@@ -214,6 +219,18 @@ def check_combinations(config: Any) -> None:
         error = hybrid_engine_error(str(settings["placement"]), engine, world_size(trainer))
     if error is not None:
         raise ValueError(f"trainer.strategy.init_args: {error}")
+    for key, error in recipe_device_errors(config, _trainer_on_cuda(trainer)):
+        raise ValueError(f"{key}: {error}")
+
+
+def _trainer_on_cuda(trainer: Any) -> bool:
+    """Whether the training ranks will run on CUDA: ``trainer.accelerator`` (``"auto"``: a visible GPU)."""
+    accelerator = str(trainer.get("accelerator") or "auto")
+    if accelerator == "cpu":
+        return False
+    import torch
+
+    return accelerator in ("gpu", "cuda") or torch.cuda.is_available()
 
 
 def check_data_paths(config: Any) -> None:

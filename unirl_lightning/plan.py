@@ -35,6 +35,7 @@ from unirl_lightning.preflight import (
     hybrid_engine_error,
     multi_node_ray_error,
     precision_warning,
+    recipe_device_errors,
     resolve_weight_sync_name,
     sync_replacement_error,
 )
@@ -206,6 +207,8 @@ def plan_recipe(config: dict[str, Any], cluster: Cluster, shape: ModelShape | No
     error = hybrid_engine_error(placement, engine, world)
     if error:
         findings.append(Finding("error", "trainer.strategy.init_args.engine", error))
+    on_cuda = not cluster.cpu and str(trainer.get("accelerator") or "auto") != "cpu"
+    findings.extend(Finding("error", key, message) for key, message in recipe_device_errors(config, on_cuda))
     multi_node = multi_node_ray_error(int(trainer.get("num_nodes") or 1), None)
     if multi_node:  # fit refuses it unless RAY_ADDRESS is set at launch
         findings.append(Finding("warning", "trainer.num_nodes", "at launch: " + multi_node))

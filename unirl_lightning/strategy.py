@@ -47,8 +47,10 @@ from unirl_lightning.checks import require_positive
 from unirl_lightning.cli_types import NonNegativeInt, PositiveInt
 from unirl_lightning.engines import EngineConfig, EngineName, engine_name
 from unirl_lightning.preflight import (
+    collective_device_error,
     hybrid_engine_error,
     multi_node_ray_error,
+    sleep_level_error,
     sync_replacement_error,
     weight_sync_placement_error,
 )
@@ -231,8 +233,23 @@ class RolloutStrategyMixin:
             )
         if error is None:
             error = hybrid_engine_error(self.rollout.placement, engine_name(self.rollout.engine), world_size)
+        if error is None and kind == "collective":
+            backend, gpus = self.weight_sync.backend, self.rollout.actor_gpus
+            error = collective_device_error(self.rollout.placement, kind, backend, self._device_type(), gpus)
+            self.weight_sync.for_workers(gpus)  # "auto" picks NCCL only when the actors hold GPUs
+        if error is None:  # a vLLM engine's; LoRA is refused when the engine is built
+            sleep_level = getattr(self.rollout.engine, "sleep_level", 1)
+            error = sleep_level_error(sleep_level, False, self.sync_interval or 1)
         if error is not None:
             raise ValueError(error)
+
+    def _device_type(self) -> str:
+        """``"cuda"`` or ``"cpu"``: the training ranks' device kind, from the Trainer's accelerator (a
+        strategy not yet attached to one: whether CUDA is visible)."""
+        accelerator = self.accelerator
+        if accelerator is None:
+            return "cuda" if torch.cuda.is_available() else "cpu"
+        return "cpu" if isinstance(accelerator, CPUAccelerator) else "cuda"
 
     @property
     def worker_group_class(self) -> type:

@@ -65,6 +65,30 @@ class Probe(PlacementProbe):
         ]
         return {"captured": ray.get(captured, timeout=60), "bundles": ray.get(per_bundle, timeout=60)}
 
+    def vllm_engine_args(self, layout: str, gpus: int) -> dict[str, Any]:
+        """The vLLM engine arguments a worker of ``layout`` builds in this actor (no vLLM needed), and
+        whether the actor sits in a placement group (where vLLM's default executor is its Ray one)."""
+        from types import SimpleNamespace
+
+        from unirl_lightning.engines.serving import ServedPolicy
+        from unirl_lightning.engines.vllm import VLLMEngineConfig
+        from unirl_lightning.engines.vllm_args import vllm_engine_kwargs
+
+        settings = SimpleNamespace(
+            placement="separate",
+            shares_trainer_device=False,
+            in_process=False,
+            num_gpus_per_worker=gpus,
+            worker_layout=layout,
+        )
+        config = VLLMEngineConfig().for_placement(settings)
+        kwargs = vllm_engine_kwargs(config, ServedPolicy("/m", "bfloat16", False, None), False, None, False)
+        return {
+            "in_placement_group": ray.util.get_current_placement_group() is not None,
+            "tensor_parallel_size": kwargs["tensor_parallel_size"],
+            "distributed_executor_backend": kwargs.get("distributed_executor_backend"),
+        }
+
 
 def start_probes(placement) -> list[Any]:
     """One probe actor per worker, with the worker's actor options."""
@@ -123,13 +147,21 @@ def tensor_parallel_two(folder: str) -> dict[str, Any]:
     actors = start_probes(placement)
     actor_infos = ray.get([a.info.remote() for a in actors], timeout=60)
     children = ray.get([a.child_info.remote(2) for a in actors], timeout=60)
+    engine_args = {"per_gpu": ray.get(actors[0].vllm_engine_args.remote("per_gpu", 2), timeout=60)}
     groups = [g.id.hex() for g in placement.groups]
     cleanup(placement, actors)
     whole = place_workers(1, 0.5, 2, head, timeout_s=30)  # layout "actor": the actor holds both GPUs
     actors = start_probes(whole)
     whole_info = ray.get(actors[0].info.remote(), timeout=60)
+    engine_args["actor"] = ray.get(actors[0].vllm_engine_args.remote("actor", 2), timeout=60)
     cleanup(whole, actors)
-    return {"actors": actor_infos, "children": children, "groups": groups, "whole": whole_info}
+    return {
+        "actors": actor_infos,
+        "children": children,
+        "groups": groups,
+        "whole": whole_info,
+        "engine_args": engine_args,
+    }
 
 
 def rollout_node_label(folder: str) -> dict[str, Any]:

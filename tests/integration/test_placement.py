@@ -191,6 +191,23 @@ def test_a_tensor_parallel_worker_has_its_gpus_on_one_node(placement_results):
     assert len(whole["gpu_ids"]) == 2 and whole["cuda_visible_devices"].split(",") == whole["gpu_ids"]
 
 
+def test_a_tensor_parallel_vllm_engine_gets_the_executor_its_layout_can_place(placement_results):
+    """TP=2 inside a placement group, where vLLM would pick its Ray executor by itself: under the actor
+    layout (one two-GPU bundle, which that executor refuses: "Placement group bundle cannot have more
+    than 1 GPU") the engine runs vLLM's own processes ("mp"); per GPU, vLLM's Ray executor on the bundles."""
+    args = _scenario(placement_results, "tensor_parallel_two")["engine_args"]
+    assert args["actor"] == {
+        "in_placement_group": True,
+        "tensor_parallel_size": 2,
+        "distributed_executor_backend": "mp",
+    }
+    assert args["per_gpu"] == {
+        "in_placement_group": True,
+        "tensor_parallel_size": 2,
+        "distributed_executor_backend": "ray",
+    }
+
+
 def test_worker_resources_route_workers_to_the_rollout_node(placement_results):
     workers = _scenario(placement_results, "rollout_node_label")["workers"]
     assert {w["node_id"] for w in workers} == {placement_results["nodes"]["rollout"]}

@@ -131,6 +131,13 @@ class EngineConfig:
         (``num_threads="auto"``); an engine that manages its own threads returns itself."""
         return self
 
+    def for_placement(self, settings: Any) -> EngineConfig:
+        """This config adapted to where the strategy runs it (``settings``: the strategy's rollout
+        settings: ``placement``, ``shares_trainer_device``, ``in_process``, ``num_gpus_per_worker``,
+        ``worker_layout``); the fields left None for the strategy to decide are decided here, once per
+        engine. The default needs nothing and returns itself."""
+        return self
+
 
 class TorchThreadsEngineConfig(EngineConfig):
     """Base of the configs whose engine runs torch in the worker process itself (HF, diffusion): their

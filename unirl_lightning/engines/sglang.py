@@ -65,7 +65,12 @@ from unirl_lightning.engines.base import (
     import_backend,
     trim_at_stop,
 )
-from unirl_lightning.engines.serving import lora_adapter_config, materialize_policy
+from unirl_lightning.engines.serving import (
+    ServedPolicy,
+    check_checkpoint_names,
+    lora_adapter_config,
+    materialize_policy,
+)
 from unirl_lightning.lora import LoraSpec, is_lora_push
 from unirl_lightning.models import PolicySpec
 from unirl_lightning.rollout.records import FinishReason, SamplingParams
@@ -176,6 +181,39 @@ class SGLangEngineConfig(EngineConfig):
         return SGLangEngine(self, policy, lora)
 
 
+def sglang_engine_kwargs(
+    config: SGLangEngineConfig, served: ServedPolicy, lora: LoraSpec | None
+) -> dict[str, Any]:
+    """``sglang.Engine``'s arguments. With the memory saver, ``enable_weights_cpu_backup=True``: without
+    it SGLang's ``release_memory_occupation`` keeps no copy of the weights, so an engine woken without a
+    full push (a LoRA push, or ``every_n_steps > 1``) would serve garbage."""
+    kwargs: dict[str, Any] = dict(
+        model_path=served.path,
+        tokenizer_path=served.path,
+        dtype=config.dtype or served.dtype,
+        trust_remote_code=served.trust_remote_code,
+        mem_fraction_static=config.mem_fraction_static,
+        tp_size=config.tp_size,
+        random_seed=config.random_seed,
+        log_level="error",
+    )
+    if config.context_length is not None:
+        kwargs["context_length"] = config.context_length
+    if config.deterministic:
+        kwargs["enable_deterministic_inference"] = True
+    if config.enable_memory_saver:
+        kwargs.update(enable_memory_saver=True, enable_weights_cpu_backup=True)
+    if lora is not None:
+        kwargs.update(
+            enable_lora=True,
+            max_lora_rank=lora.rank,
+            lora_target_modules=list(lora.target_modules or ["all"]),
+            max_loras_per_batch=2,  # the adapter and base-only requests
+        )
+    kwargs.update(config.engine_kwargs)
+    return kwargs
+
+
 class SGLangEngine(RowGeneration):
     """Generates groups with ``sglang.Engine.generate``; see the module docstring for the contract."""
 
@@ -192,31 +230,9 @@ class SGLangEngine(RowGeneration):
         self._lora_name: str | None = None
         self._lora_count = 0
         served = materialize_policy(policy, self._tmp)
+        check_checkpoint_names(served, "sglang")
         self.model_path, self.tokenizer = served.path, served.tokenizer
-        kwargs: dict[str, Any] = dict(
-            model_path=served.path,
-            tokenizer_path=served.path,
-            dtype=config.dtype or served.dtype,
-            trust_remote_code=served.trust_remote_code,
-            mem_fraction_static=config.mem_fraction_static,
-            tp_size=config.tp_size,
-            random_seed=config.random_seed,
-            log_level="error",
-        )
-        if config.context_length is not None:
-            kwargs["context_length"] = config.context_length
-        if config.deterministic:
-            kwargs["enable_deterministic_inference"] = True
-        if config.enable_memory_saver:
-            kwargs["enable_memory_saver"] = True
-        if lora is not None:
-            kwargs.update(
-                enable_lora=True,
-                max_lora_rank=lora.rank,
-                lora_target_modules=list(lora.target_modules or ["all"]),
-                max_loras_per_batch=2,  # the adapter and base-only requests
-            )
-        kwargs.update(config.engine_kwargs)
+        kwargs = sglang_engine_kwargs(config, served, lora)
         self.engine = sglang.Engine(**kwargs)
 
     # -- weights ---------------------------------------------------------------------------------

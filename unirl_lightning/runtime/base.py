@@ -165,6 +165,12 @@ class RolloutSettings:
             raise ValueError(f"worker_layout='per_gpu' needs a whole num_gpus_per_worker >= 1, got {gpus:g}")
 
     @property
+    def actor_gpus(self) -> float:
+        """The GPUs a worker's actor process holds: all of its GPUs under ``worker_layout="actor"``, none
+        under ``"per_gpu"`` (vLLM's own workers hold them)."""
+        return float(self.num_gpus_per_worker) if self.worker_layout == "actor" else 0.0
+
+    @property
     def shares_trainer_device(self) -> bool:
         """The engines run on the training device and take turns with training (``colocate``,
         ``hybrid``): they sleep while it trains, and a local Ray hides no training GPU from them."""
@@ -354,23 +360,7 @@ class RolloutRuntime:
         engine.validate(spec.policy, spec.lora)
         if settings.worker_threads is not None:
             engine = engine.with_cpu_threads(settings.worker_threads)
-        if getattr(engine, "enable_sleep_mode", False) is None:  # vLLM: None = sleep only when colocated
-            engine = dataclasses.replace(engine, enable_sleep_mode=settings.shares_trainer_device)
-        in_process_core = getattr(engine, "in_process_core", True)  # vLLM: its engine core's process
-        if settings.in_process and in_process_core is None:
-            engine = dataclasses.replace(engine, in_process_core=True)
-        elif settings.in_process and in_process_core is False:
-            raise ValueError(
-                f"placement={settings.placement!r} runs the engine in the training process, but "
-                "engine.in_process_core=False asks vLLM for an engine-core process of its own: leave "
-                "engine.in_process_core unset (or true), or use placement='colocate'"
-            )
-        if hasattr(engine, "tensor_parallel_size"):  # vLLM: None follows num_gpus_per_worker, else agrees
-            from unirl_lightning.workers.placement import tensor_parallel_size_for
-
-            tp = tensor_parallel_size_for(settings.num_gpus_per_worker, engine.tensor_parallel_size)
-            engine = dataclasses.replace(engine, tensor_parallel_size=tp)
-        return engine
+        return engine.for_placement(settings)
 
     # -- lifecycle --------------------------------------------------------------------------------
     def start(self, policy: Any, before_push: Callable[[], None] | None = None) -> None:

@@ -19,7 +19,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from unirl_lightning.preflight import sync_replacement_error
+from unirl_lightning.preflight import collective_backend, sync_replacement_error
 from unirl_lightning.sharding import full_tensor, is_sharded
 from unirl_lightning.weight_sync.base import (
     PushTargets,
@@ -169,7 +169,8 @@ class CollectiveWeightSync:
             its receive when its rank asks, and the rank's broadcast can wait behind collectives of
             every rank, so both sides wait as long as the ranks wait for each other); with one rank
             :data:`SINGLE_RANK_TIMEOUT_S`.
-        backend: ``"nccl"`` (CUDA), ``"gloo"``, or ``"auto"`` (the trainer device's).
+        backend: ``"nccl"`` (CUDA), ``"gloo"``, or ``"auto"``: NCCL when the trainer is on CUDA and every
+            worker's actor holds a GPU, else gloo (:func:`~unirl_lightning.preflight.collective_backend`).
 
     Example::
 
@@ -187,6 +188,7 @@ class CollectiveWeightSync:
         self.timeout_given = timeout_s is not None
         self.timeout_s = float(timeout_s) if timeout_s is not None else SINGLE_RANK_TIMEOUT_S
         self.backend = backend
+        self.actor_gpus: float = 1.0  # what each worker's actor holds; the strategy sets it at setup
         self._group = None
         self._workers_key: tuple[Any, ...] | None = None
 
@@ -196,10 +198,19 @@ class CollectiveWeightSync:
         if not self.timeout_given:
             self.timeout_s = float(timeout_s)
 
+    def for_workers(self, actor_gpus: float) -> None:
+        """The GPUs each worker's actor process holds (``num_gpus_per_worker`` under the actor layout,
+        0 under ``per_gpu`` or for CPU workers): ``"auto"`` picks NCCL only when both ends hold a GPU."""
+        self.actor_gpus = float(actor_gpus)
+
+    def resolved_backend(self, device: torch.device) -> str:
+        """The backend a push from the trainer's ``device`` uses."""
+        return collective_backend(self.backend, device.type, self.actor_gpus)
+
     def _connect(self, workers: PushTargets, device: torch.device) -> None:
         import ray
 
-        backend = self.backend if self.backend != "auto" else ("nccl" if device.type == "cuda" else "gloo")
+        backend = self.resolved_backend(device)
         host, port = "127.0.0.1", _free_port()
         if len(ray.nodes()) > 1:  # a real cluster: workers dial this node's address
             host = ray.util.get_node_ip_address()

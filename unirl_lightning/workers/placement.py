@@ -23,6 +23,8 @@ from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from unirl_lightning.preflight import tensor_parallel_size_for  # noqa: F401 - its public home before it moved
+
 Layout = Literal["actor", "per_gpu"]
 _EPS = 1e-9
 
@@ -90,22 +92,6 @@ def worker_device(trainer_device: Any) -> str:
     """The device a worker actor uses for a trainer on ``trainer_device``: ``cuda:0`` for any
     ``cuda:k`` (an actor sees only its own GPUs, numbered from 0), else the device type (``cpu``)."""
     return "cuda:0" if cuda_index(trainer_device) is not None else str(trainer_device).partition(":")[0]
-
-
-def tensor_parallel_size_for(num_gpus_per_worker: float, tensor_parallel_size: int | None = None) -> int:
-    """The engine's ``tensor_parallel_size``: ``num_gpus_per_worker`` when unset (1 for a share of a
-    GPU or none); when set, it must equal ``num_gpus_per_worker`` (1 also fits a share of a GPU)."""
-    gpus = float(num_gpus_per_worker)
-    follows = int(gpus) if gpus >= 1 and gpus.is_integer() else (1 if gpus < 1 else None)
-    if tensor_parallel_size is None and follows is not None:
-        return follows
-    if tensor_parallel_size is not None and tensor_parallel_size == follows:
-        return tensor_parallel_size
-    raise ValueError(
-        f"tensor_parallel_size={tensor_parallel_size} and num_gpus_per_worker={gpus:g} disagree: a worker needs "
-        f"one whole GPU per tensor-parallel rank; set num_gpus_per_worker to the tensor_parallel_size, or leave "
-        f"tensor_parallel_size unset (it then follows num_gpus_per_worker)"
-    )
 
 
 def worker_bundles(

@@ -1,0 +1,220 @@
+"""GPU paths that would fail on their first CUDA run, each fixed or refused and pinned by the closest CPU
+stand-in: colocate + collective (NCCL refuses two ranks on one GPU), the collective backend when the
+workers' actors hold no GPU, vLLM's ``sleep_level: 2`` (no copy of the weights is kept), pushes of
+models transformers renames (MoE, vision-language), and SGLang's memory saver without a weight backup.
+vLLM's executor for ``tensor_parallel_size > 1`` is pinned on a Ray cluster declaring GPUs in
+``tests/integration/test_vllm_executor.py``."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from unirl_lightning.cli import run_cli, run_plan
+from unirl_lightning.engines.serving import ServedPolicy, check_checkpoint_names
+from unirl_lightning.engines.sglang import SGLangEngineConfig, sglang_engine_kwargs
+from unirl_lightning.engines.vllm import VLLMEngine, VLLMEngineConfig
+from unirl_lightning.lora import LoraSpec
+from unirl_lightning.models import TinyCausalLM
+from unirl_lightning.preflight import collective_backend, collective_device_error, sleep_level_error
+from unirl_lightning.strategy import AsyncRolloutStrategy
+from unirl_lightning.weight_sync import CollectiveWeightSync
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+TINY_COLOCATE = [
+    "--config",
+    str(EXAMPLES / "grpo_tiny.yaml"),
+    "--trainer.strategy.init_args.placement=colocate",
+    "--trainer.strategy.init_args.max_staleness=0",
+    "--trainer.strategy.init_args.max_inflight=1",
+    "--trainer.strategy.init_args.num_gpus_per_worker=0.5",  # the engine on the trainer's GPU
+]
+LORA_1GPU = str(EXAMPLES / "grpo_qwen2.5_0.5b_lora_1gpu.yaml")
+COLLECTIVE = "--trainer.strategy.init_args.weight_sync=collective"
+SLEEP_2 = "--trainer.strategy.init_args.engine.init_args.sleep_level=2"
+
+
+def fit_exit(args: list[str], capsys) -> tuple[int, str]:
+    with pytest.raises(SystemExit) as exit_info:
+        run_cli(["fit", *args])
+    return exit_info.value.code, capsys.readouterr().err.strip().splitlines()[-1]
+
+
+def plan_errors(args: list[str], tmp_path: Path) -> list[dict]:
+    """``plan``'s error findings (it exits 1 when there are any)."""
+    out = tmp_path / "plan.json"
+    try:
+        run_plan([*args, "--output", str(out)])
+    except SystemExit as exit_info:
+        assert exit_info.code == 1
+    return [f for f in json.loads(out.read_text())["findings"] if f["level"] == "error"]
+
+
+# -- 1. colocate + collective ------------------------------------------------------------------------
+def test_colocate_with_a_collective_sync_on_a_gpu_is_refused_naming_the_working_backend():
+    error = collective_device_error("colocate", "collective", "auto", "cuda", 0.5)
+    assert "Duplicate GPU detected" in error and "weight_sync='object_store'" in error
+    assert collective_device_error("colocate", "collective", "auto", "cpu", 0) is None  # gloo on the host
+    assert collective_device_error("separate", "collective", "auto", "cuda", 1) is None
+    assert collective_device_error("colocate", "object_store", "auto", "cuda", 1) is None
+
+
+def test_fit_refuses_colocate_and_collective_on_a_gpu_at_parse_time(capsys, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    code, last = fit_exit([*TINY_COLOCATE, COLLECTIVE, "--trainer.accelerator=gpu"], capsys)
+    assert code == 2
+    assert last.startswith("error: trainer.strategy.init_args.weight_sync: placement='colocate'"), last
+    assert not any(tmp_path.iterdir())
+
+
+def test_plan_refuses_colocate_and_collective_on_the_1gpu_recipe(tmp_path):
+    errors = plan_errors(["--config", LORA_1GPU, COLLECTIVE], tmp_path)
+    assert [e["key"] for e in errors] == ["trainer.strategy.init_args.weight_sync"]
+    assert "Duplicate GPU detected" in errors[0]["message"]
+    assert plan_errors(["--config", LORA_1GPU], tmp_path) == []  # as shipped (object_store)
+
+
+# -- 3. the collective backend follows both ends -------------------------------------------------------
+def test_auto_is_nccl_only_when_the_trainer_and_the_actors_hold_gpus():
+    assert collective_backend("auto", "cuda", 1) == "nccl"
+    assert collective_backend("auto", "cuda", 0) == "gloo"  # CPU workers (engine: hf), or per_gpu actors
+    assert collective_backend("auto", "cpu", 1) == "gloo"
+    sync = CollectiveWeightSync()
+    assert sync.resolved_backend(torch.device("cuda", 0)) == "nccl"  # before the strategy says otherwise
+    sync.for_workers(0)
+    assert sync.resolved_backend(torch.device("cuda", 0)) == "gloo"
+
+
+def test_the_strategy_tells_the_sync_what_the_actors_hold_and_refuses_nccl_without_gpus():
+    cpu_workers = AsyncRolloutStrategy(engine="hf", weight_sync="collective", num_gpus_per_worker=0)
+    cpu_workers.preflight(world_size=1)
+    assert cpu_workers.weight_sync.actor_gpus == 0
+    per_gpu = AsyncRolloutStrategy(
+        engine="vllm", weight_sync="collective", num_gpus_per_worker=2, worker_layout="per_gpu"
+    )
+    per_gpu.preflight(world_size=1)
+    assert per_gpu.weight_sync.actor_gpus == 0  # vLLM's own workers hold the GPUs, the actor none
+    assert "needs a GPU in every worker's actor" in collective_device_error(
+        "separate", "collective", "nccl", "cuda", 0
+    )
+    nccl = AsyncRolloutStrategy(
+        engine="hf", weight_sync=CollectiveWeightSync(backend="nccl"), num_gpus_per_worker=0
+    )
+    with pytest.raises(ValueError, match="needs a GPU in every worker's actor"):
+        nccl.preflight(world_size=1)
+
+
+# -- 4. vLLM sleep level 2 ---------------------------------------------------------------------------
+def test_sleep_level_2_is_refused_with_lora_and_with_pushes_less_often_than_every_step():
+    assert "LoRA push restores only the adapters" in sleep_level_error(2, True, 1)
+    assert "every_n_steps=2" in sleep_level_error(2, False, 2)
+    assert sleep_level_error(2, False, 1) is None and sleep_level_error(1, True, 4) is None
+    with pytest.raises(ValueError, match="sleep_level=2"):
+        VLLMEngineConfig(sleep_level=2).validate(TinyCausalLM(), LoraSpec(rank=8))
+
+
+def test_plan_and_fit_refuse_sleep_level_2_on_the_lora_recipe(capsys, tmp_path, monkeypatch):
+    errors = plan_errors(["--config", LORA_1GPU, SLEEP_2], tmp_path)
+    assert [e["key"] for e in errors] == ["trainer.strategy.init_args.engine.init_args.sleep_level"]
+    monkeypatch.chdir(tmp_path)
+    code, last = fit_exit(["--config", LORA_1GPU, SLEEP_2], capsys)
+    assert code == 2 and "LoRA push restores only the adapters" in last, last
+
+
+def test_the_strategy_refuses_sleep_level_2_when_the_sync_skips_steps():
+    strategy = AsyncRolloutStrategy(
+        engine=VLLMEngineConfig(sleep_level=2), placement="colocate", max_staleness=0, max_inflight=1
+    )
+    strategy.sync_interval = 2  # what WeightSyncCallback(every_n_steps=2).setup hands over
+    with pytest.raises(ValueError, match="every_n_steps=2"):
+        strategy.preflight(world_size=1)
+
+
+class SleepingLLM:
+    """vLLM's ``LLM`` where only CUDA has sleep mode: records the calls (the stand-in for level 2)."""
+
+    def __init__(self) -> None:
+        self.calls: list[str] = []
+
+    def sleep(self, level: int) -> None:
+        self.calls.append(f"sleep({level})")
+
+    def wake_up(self, tags: list[str]) -> None:
+        self.calls.append("wake_up")
+
+    def collective_rpc(self, method: str, args: tuple = ()) -> list:
+        self.calls.append(method)
+        return []
+
+    def reset_prefix_cache(self) -> None:
+        pass
+
+    def generate(self, *args, **kwargs) -> list:
+        self.calls.append("generate")
+        return []
+
+
+def sleeping_engine(level: int) -> VLLMEngine:
+    engine = VLLMEngine.__new__(VLLMEngine)  # no vLLM here: the engine's bookkeeping around a fake LLM
+    engine.config, engine.llm, engine.lora = VLLMEngineConfig(sleep_level=level), SleepingLLM(), None
+    engine.sleep_supported, engine._asleep, engine._weights_dropped = True, set(), False
+    engine.weight_version, engine.weight_update, engine.in_process, engine._lora_request = (
+        3,
+        "load_weights",
+        True,
+        None,
+    )
+    return engine
+
+
+def test_an_engine_slept_at_level_2_refuses_to_generate_until_a_full_push():
+    engine = sleeping_engine(2)
+    engine.sleep()
+    with pytest.raises(RuntimeError, match="sleep_level=2, which drops the weights"):
+        engine._run([[1, 2]], [None])
+    assert "generate" not in engine.llm.calls
+    engine.load_weights([("model.embed_tokens.weight", torch.zeros(2, 2))], 4)
+    engine._run([[1, 2]], [None])
+    assert engine.llm.calls[-1] == "generate"
+    level_1 = sleeping_engine(1)
+    level_1.sleep()
+    level_1._run([[1, 2]], [None])  # level 1 keeps the weights on the host: generation may go on
+
+
+# -- 9. weights transformers renames -----------------------------------------------------------------
+@pytest.mark.parametrize("config_name", ["Qwen2MoeConfig", "MixtralConfig"])
+def test_a_moe_policy_is_refused_for_vllm_and_sglang_and_a_dense_one_is_not(config_name, tmp_path):
+    import transformers
+
+    small = dict(
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        vocab_size=128,
+    )
+    config = (
+        getattr(transformers, config_name)(num_experts=4, **small)
+        if config_name == "Qwen2MoeConfig"
+        else (transformers.MixtralConfig(num_local_experts=4, **small))
+    )
+    config.save_pretrained(tmp_path / "moe")
+    served = ServedPolicy(str(tmp_path / "moe"), "float32", False, None)
+    for engine in ("vllm", "sglang"):
+        with pytest.raises(ValueError, match=f"model_type='{config.model_type}'"):
+            check_checkpoint_names(served, engine)
+    transformers.LlamaConfig(**small).save_pretrained(tmp_path / "dense")
+    check_checkpoint_names(ServedPolicy(str(tmp_path / "dense"), "float32", False, None), "vllm")
+    assert json.loads((tmp_path / "moe" / "config.json").read_text())["model_type"] == config.model_type
+
+
+# -- 10. SGLang's memory saver keeps a copy of the weights ---------------------------------------------
+def test_sglang_with_the_memory_saver_backs_the_weights_up_on_the_host():
+    served = ServedPolicy("/models/p", "bfloat16", False, None)
+    kwargs = sglang_engine_kwargs(SGLangEngineConfig(enable_memory_saver=True), served, None)
+    assert kwargs["enable_memory_saver"] is True and kwargs["enable_weights_cpu_backup"] is True
+    assert "enable_weights_cpu_backup" not in sglang_engine_kwargs(SGLangEngineConfig(), served, None)
