@@ -218,3 +218,23 @@ def test_sglang_with_the_memory_saver_backs_the_weights_up_on_the_host():
     kwargs = sglang_engine_kwargs(SGLangEngineConfig(enable_memory_saver=True), served, None)
     assert kwargs["enable_memory_saver"] is True and kwargs["enable_weights_cpu_backup"] is True
     assert "enable_weights_cpu_backup" not in sglang_engine_kwargs(SGLangEngineConfig(), served, None)
+
+
+# -- 8. the relay loads whole layers as they arrive ------------------------------------------------------
+def test_a_bucket_is_loaded_up_to_its_last_layer_which_the_next_bucket_may_continue():
+    from unirl_lightning.engines.vllm_weights import whole_layers_first
+
+    t = torch.zeros(1)
+    bucket = [
+        ("model.embed_tokens.weight", t),
+        ("model.layers.0.q.weight", t),
+        ("model.layers.0.k.weight", t),
+        ("model.layers.1.q.weight", t),
+    ]
+    complete, carry = whole_layers_first(bucket)
+    assert [n for n, _ in complete] == [n for n, _ in bucket[:3]]
+    assert [n for n, _ in carry] == ["model.layers.1.q.weight"]
+    complete, carry = whole_layers_first(carry + [("model.layers.1.k.weight", t), ("model.norm.weight", t)])
+    assert [n for n, _ in complete] == ["model.layers.1.q.weight", "model.layers.1.k.weight"]
+    assert [n for n, _ in carry] == ["model.norm.weight"]
+    assert whole_layers_first([]) == ([], [])

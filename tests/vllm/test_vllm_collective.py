@@ -171,3 +171,50 @@ def test_cli_collective_on_policy_pin_with_vllms_engine_core_process(tmp_path):
     assert len(ratios) == 8 and len(scalars["sync/time_s"]) == 8
     assert max(abs(r - 1) for r in ratios) < 1e-3, ratios
     assert max(diffs) < 1e-4, diffs
+
+
+def relay_full_weights(worker) -> None:
+    """Make this process the group's member for full weights (as with several vLLM workers, which CPU
+    cannot run): each push is then relayed into vLLM by this process."""
+    worker.engine._worker_is_member = lambda: False
+
+
+def relayed(worker) -> dict:
+    engine = worker.engine
+    return {"loads": engine.relayed_loads, "weight_version": engine.weight_version}
+
+
+@pytest.mark.parametrize("multiprocessing", ["1", "0"], ids=["engine-core-process", "in-process"])
+def test_a_relayed_full_push_goes_into_vllm_bucket_by_bucket(multiprocessing, ray_local):
+    """The relay (LoRA, or tensor parallelism) loads each received bucket into vLLM before it receives
+    the next, so it never holds the model (a 7B model would add 15 GB to a GPU already filled): every
+    load is at most one broadcast bucket or one layer, whichever is larger (vLLM loads layers whole, so
+    a layer split across buckets is carried to the next), there are several, and the engine then
+    generates with the pushed weights."""
+    from unirl_lightning.weight_sync.buckets import layer_of
+
+    workers = worker_group(multiprocessing)
+    bucket_mb = 0.005
+    sync = CollectiveWeightSync(bucket_mb=bucket_mb, timeout_s=120, backend="gloo")
+    try:
+        ray_local.get(workers.workers[0].run.remote(relay_full_weights))
+        model, _ = tiny_policy(seed=5).build()
+        sync.push(model, workers, weight_version=1)
+        info = ray_local.get(workers.workers[0].run.remote(relayed))
+        sent = weight_tensors(model)
+        layers: dict[str, int] = {}
+        for name, t in sent.items():
+            layers[layer_of(name, True)] = layers.get(layer_of(name, True), 0) + t.numel() * t.element_size()
+        largest_tensor = max(t.numel() * t.element_size() for t in sent.values())
+        total = sum(layers.values())
+        assert info["weight_version"] == 1
+        assert len(info["loads"]) > 2, info["loads"]
+        assert sum(info["loads"]) == total  # every weight once
+        assert max(info["loads"]) <= max(bucket_mb * 1024**2 + largest_tensor, max(layers.values())), info[
+            "loads"
+        ]
+        assert max(info["loads"]) < total / 2
+        assert greedy(workers) == greedy_hf(5)
+    finally:
+        sync.close()
+        workers.shutdown()

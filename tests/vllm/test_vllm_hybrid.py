@@ -55,7 +55,7 @@ def test_the_group_leaves_the_trainers_rng_alone_and_a_push_reaches_vllm_unpacke
         def no_packing(*args, **kwargs):
             raise AssertionError("an in-process push was packed")
 
-        monkeypatch.setattr("unirl_lightning.engines.vllm.pack_tensors", no_packing)
+        monkeypatch.setattr("unirl_lightning.engines.vllm_weights.pack_tensors", no_packing)
         before = greedy_completions(engine)
         trainer_model, _ = tiny_policy(seed=5).build()
         stats = InProcessWeightSync(bucket_mb=0.01).push(trainer_model, group, 1)  # several buckets

@@ -25,13 +25,11 @@ live in-process engine per process and ``close()`` it before starting another.
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 import os
 import shutil
 import tempfile
 import weakref
-from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -45,19 +43,19 @@ from unirl_lightning.engines.base import (
     check_sampling_overrides,
     import_backend,
 )
-from unirl_lightning.engines.serving import check_checkpoint_names, lora_adapter_config, materialize_policy
+from unirl_lightning.engines.serving import check_checkpoint_names, materialize_policy
 from unirl_lightning.engines.vllm_args import (
     OWNED_SAMPLING_FIELDS,
     VLLM_LORA_RANKS,
     vllm_engine_kwargs,
     vllm_sampling_kwargs,
 )
-from unirl_lightning.lora import LoraSpec, is_lora_push
+from unirl_lightning.engines.vllm_weights import VLLMWeights
+from unirl_lightning.lora import LoraSpec
 from unirl_lightning.models import PolicySpec, TinyCausalLM
 from unirl_lightning.preflight import sleep_level_error, tensor_parallel_size_for, vllm_executor_backend
 from unirl_lightning.rollout.records import FinishReason, SamplingParams
 from unirl_lightning.seeding import derive_seeds
-from unirl_lightning.weight_sync.buckets import pack_tensors, weight_buckets
 
 __all__ = [
     "VLLMEngine",
@@ -206,7 +204,7 @@ class VLLMEngineConfig(EngineConfig):
         return VLLMEngine(self, policy, lora)
 
 
-class VLLMEngine(RowGeneration):
+class VLLMEngine(VLLMWeights, RowGeneration):
     """Generates groups with ``vllm.LLM.generate``; see the module docstring for the contract."""
 
     def __init__(self, config: VLLMEngineConfig, policy: PolicySpec, lora: LoraSpec | None) -> None:
@@ -279,142 +277,6 @@ class VLLMEngine(RowGeneration):
                 f"vLLM's CPU attention supports head sizes {allowed}, the policy has head size "
                 f"{head_size} (hidden_size / num_heads): e.g. TinyCausalLM(hidden_size=64, num_heads=2)"
             )
-
-    # -- weights ---------------------------------------------------------------------------------
-    def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], weight_version: int) -> None:
-        self.wake(["weights"])
-        items = list(named_tensors)
-        if is_lora_push(items):
-            self._load_lora(items, weight_version)
-        else:
-            self._load_full(items)
-        self.weight_version = weight_version
-
-    def _load_full(self, items: list[tuple[str, torch.Tensor]]) -> None:
-        self.begin_weight_load()
-        try:
-            self.load_weight_bucket(items)
-        finally:  # an interrupted reload must still put every layer back
-            self.finish_weight_load(None)
-        self._weights_dropped = False  # every weight restored
-
-    # a streamed push (BucketedWeightLoader): one update session around every bucket of the push
-    def begin_weight_load(self) -> None:
-        self.wake(["weights"])  # colocated: the KV cache wakes after the push
-        self.llm.collective_rpc("unirl_begin_weight_update", args=(self.weight_update == "reload",))
-
-    def load_weight_bucket(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
-        """Full weights only (an adapter push is one ``load_weights``); the caller's buckets must not
-        split a decoder layer (:func:`weight_buckets` with ``whole_layers=True``)."""
-        for bucket in weight_buckets(
-            list(named_tensors), int(self.config.bucket_mb * 1024**2), whole_layers=True
-        ):
-            self.llm.collective_rpc(
-                "unirl_load_weight_bucket",
-                args=(bucket if self.in_process else pack_tensors(bucket, as_bytes=True),),
-            )
-
-    def finish_weight_load(self, weight_version: int | None) -> None:
-        self.llm.collective_rpc("unirl_finish_weight_update")
-        self.llm.reset_prefix_cache()
-        if weight_version is not None:  # a streamed push's end: every weight restored
-            self.weight_version = weight_version
-            self._weights_dropped = False
-
-    def _load_lora(self, items: list[tuple[str, torch.Tensor]], weight_version: int) -> None:
-        if self.lora is None:
-            raise ValueError(
-                "got LoRA adapter tensors but this engine was built without a LoraSpec (the module's lora "
-                "is None)"
-            )
-        from safetensors.torch import save_file
-        from vllm.lora.request import LoRARequest
-
-        tensors = {name: t.detach().to("cpu").contiguous() for name, t in items}
-        adapter = lora_adapter_config(tensors, self.lora, self.model_path)
-        self._lora_ids += 1
-        path = os.path.join(self._tmp, f"lora-{self._lora_ids}")
-        os.makedirs(path)
-        save_file(tensors, os.path.join(path, "adapter_model.safetensors"))
-        with open(os.path.join(path, "adapter_config.json"), "w") as f:
-            json.dump(adapter, f)
-        request = LoRARequest(f"policy-v{weight_version}-{self._lora_ids}", self._lora_ids, path)
-        engine = self.llm.llm_engine
-        engine.add_lora(request)  # load now, so a bad adapter fails the push, not the next generate
-        previous, previous_dir = self._lora_request, self._lora_dir
-        self._lora_request, self._lora_dir = request, path
-        if previous is not None:
-            engine.remove_lora(previous.lora_int_id)
-            shutil.rmtree(previous_dir, ignore_errors=True)
-        self.llm.reset_prefix_cache()
-
-    # -- the collective backend (weight_sync/collective.py): vLLM's worker process is the member -----
-    def _worker_is_member(self) -> bool:
-        """Whether vLLM's worker joins the weight-sync group itself: full-weight pushes into one worker
-        (LoRA adapters are loaded from files by the engine, here; with tensor or pipeline parallelism
-        every vLLM worker would need a rank of its own, which the group does not hand out yet)."""
-        parallel = self.llm.llm_engine.vllm_config.parallel_config
-        return self.lora is None and int(parallel.world_size) == 1
-
-    def join_weight_group(
-        self, backend: str, host: str, port: int, rank: int, world_size: int, timeout_s: float
-    ) -> None:
-        """Join the trainer's weight-sync group as ``rank``: vLLM's worker process joins (its buffers
-        on the worker's device), through ``collective_rpc``; with LoRA (adapters are written to files
-        and added by the engine) or more than one vLLM worker, this process joins instead and each
-        push goes through :meth:`load_weights`."""
-        from unirl_lightning.weight_sync.collective import CollectiveReceiver
-
-        self._weight_relay: CollectiveReceiver | None = None
-        self.weight_group_pids: list[int] = []
-        if not self._worker_is_member():
-            self._weight_relay = CollectiveReceiver(backend, host, port, rank, world_size, timeout_s)
-            return
-        self.weight_group_pids = self.llm.collective_rpc(
-            "unirl_join_weight_group",
-            args=(backend, host, int(port), int(rank), int(world_size), float(timeout_s)),
-        )
-
-    def receive_weights(self, layout: Any, dtypes: Any, weight_version: int) -> None:
-        """Receive one broadcast push (``layout``: buckets of ``(name, shape)``; ``dtypes``: one per
-        bucket) and serve it as ``weight_version``. In vLLM's worker each bucket is received in place
-        and loaded inside one update session (begin -> receive and load -> finish, which resets the
-        LoRA state and, here, the prefix cache); only the layout (lists) and dtype names cross
-        ``collective_rpc``. The result of each worker (receiving pids per bucket, tensor count,
-        digests when ``record_digests`` is set) is kept in ``last_receive``."""
-        from unirl_lightning.weight_sync.collective import dtype_names, wire_layout
-
-        if not hasattr(self, "_weight_relay"):
-            raise RuntimeError(
-                f"vLLM engine: receive_weights(weight_version={weight_version}) before join_weight_group"
-            )
-        if self._weight_relay is not None:
-            self.load_weights(self._weight_relay.receive(layout, dtypes), weight_version)
-            return
-        names = [name for bucket in layout for name, _ in bucket]
-        if any(".lora_A." in name or ".lora_B." in name for name in names):
-            raise ValueError(
-                "got LoRA adapter tensors but this engine was built without a LoraSpec (the module's lora "
-                "is None)"
-            )
-        self.wake(["weights"])
-        rpc = self.llm.collective_rpc
-        rpc("unirl_begin_weight_update", args=(self.weight_update == "reload",))
-        try:
-            self.last_receive = rpc(
-                "unirl_receive_weights",
-                args=(wire_layout(layout), dtype_names(dtypes), bool(getattr(self, "record_digests", False))),
-            )
-        finally:  # an interrupted reload must still put every layer back
-            rpc("unirl_finish_weight_update")
-            self.llm.reset_prefix_cache()
-        self.weight_version = weight_version
-        self._weights_dropped = False
-
-    def leave_weight_group(self) -> None:
-        if getattr(self, "_weight_relay", None) is None and hasattr(self, "_weight_relay"):
-            self.llm.collective_rpc("unirl_leave_weight_group")
-        self.__dict__.pop("_weight_relay", None)
 
     def sleep(self) -> None:
         if self.sleep_supported and not self._asleep:
