@@ -11,7 +11,9 @@ the version, and the group is torn down so that the next push starts a fresh one
 from __future__ import annotations
 
 import datetime
+import os
 import socket
+import threading
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -34,6 +36,10 @@ from unirl_lightning.weight_sync.buckets import cast_floating, weight_buckets
 Layout = list[list[tuple[str, tuple[int, ...]]]]  # buckets of (name, shape)
 
 
+ASYNC_ERROR_HANDLING = "TORCH_NCCL_ASYNC_ERROR_HANDLING"
+POLL_S = 0.05  # how often a push looks at its receivers while a bucket is in flight
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -49,7 +55,16 @@ def _make_group(backend: str, host: str, port: int, rank: int, world_size: int, 
         return dist.ProcessGroupGloo(store, rank, world_size, timeout)
     options = dist.ProcessGroupNCCL.Options()
     options._timeout = timeout  # noqa: SLF001 - torch's public Options object exposes no setter
-    return dist.ProcessGroupNCCL(store, rank, world_size, options)
+    # torch's default (3) tears the process down when an NCCL op times out; 2 aborts the communicator
+    # and raises in wait(), so a push that times out ends with this module's error. Read by the group's
+    # constructor: only this group is affected, and a value the user set is kept.
+    previous = os.environ.get(ASYNC_ERROR_HANDLING)
+    os.environ.setdefault(ASYNC_ERROR_HANDLING, "2")
+    try:
+        return dist.ProcessGroupNCCL(store, rank, world_size, options)
+    finally:
+        if previous is None:
+            os.environ.pop(ASYNC_ERROR_HANDLING, None)
 
 
 def _bucket_layout(
@@ -253,17 +268,56 @@ class CollectiveWeightSync:
                 [full_tensor(cast_floating(tensors[name], dtype)).reshape(-1) for name, _ in bucket]
             )
             flat = flat.to(self._send_device)  # NCCL sends from the trainer's GPU, gloo from the host
+            where = f"bucket {index + 1}/{len(layout)} of weight_version {weight_version}"
             try:
-                self._group.broadcast([flat], dist.BroadcastOptions()).wait(timeout)
+                work = self._group.broadcast([flat], dist.BroadcastOptions())
+                self._watch(work, receive, last=index == len(layout) - 1)
+                work.wait(timeout)
             except RuntimeError as exc:
                 self.close()
                 raise RuntimeError(
-                    f"collective weight sync failed or timed out ({self.timeout_s}s) on bucket {index + 1}/"
-                    f"{len(layout)} of weight_version {weight_version}: {exc}"
+                    f"collective weight sync failed or timed out ({self.timeout_s}s) on {where}: {exc}"
                 ) from exc
         self._get(receive, f"loading weight_version {weight_version}")
         return SyncStats(time.perf_counter() - start, tensor_bytes(tensors, dtype), len(tensors))
 
+    def _watch(self, work: Any, receive: list[Any], last: bool) -> None:
+        """Wait for one bucket's broadcast while watching the receivers: a receiver that ended before
+        the last bucket (it failed, or its worker died, before or while receiving) ends the push now
+        with its error, instead of after the broadcast's timeout (or NCCL's, which takes the process)."""
+        import ray
+
+        deadline = time.monotonic() + self.timeout_s
+        while not work.is_completed() and time.monotonic() < deadline:
+            ended, _ = ray.wait(receive, num_returns=1, timeout=POLL_S)
+            if ended:
+                try:
+                    ray.get(ended)
+                except Exception as exc:  # noqa: BLE001 - the receiver's own error, whatever it is
+                    raise RuntimeError(f"a worker's receive ended before the push did: {exc}") from exc
+                if not last:  # a receive that returned during the last bucket is one that is done
+                    raise RuntimeError("a worker's receive ended before the push did, without an error")
+                return
+
     def close(self) -> None:
-        self._group = None
+        self._discard()
         self._workers_key = None
+
+    def _discard(self) -> None:
+        """Drop the group. One left with a bucket in flight (a push that failed) is aborted and dropped
+        on a daemon thread: its pending operation holds its threads until the operation's own timeout,
+        and the push's error must not wait for that."""
+        group, self._group = self._group, None
+        if group is None:
+            return
+
+        def drop(group: Any = group) -> None:
+            abort = getattr(group, "abort", None)  # NCCL: frees a communicator with an op pending
+            if callable(abort):
+                try:
+                    abort()
+                except RuntimeError:
+                    pass
+
+        threading.Thread(target=drop, name="unirl-weight-group-close", daemon=True).start()
+        del group
