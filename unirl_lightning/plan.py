@@ -37,6 +37,7 @@ from unirl_lightning.preflight import (
     precision_warning,
     recipe_device_errors,
     resolve_weight_sync_name,
+    shared_gpu_memory_error,
     sync_replacement_error,
 )
 
@@ -246,6 +247,7 @@ def plan_recipe(config: dict[str, Any], cluster: Cluster, shape: ModelShape | No
         if shape is not None and causal:
             _plan_training_memory(findings, figures, config, shape, cluster, per_node if sharded else 1)
             _plan_worker_memory(findings, figures, config, shape, cluster, world)
+            _plan_shared_gpu(findings, figures, rollout, cluster)
     ok = not any(f.level == "error" for f in findings)
     return {"ok": ok, "findings": [dataclasses.asdict(f) for f in findings], "figures": figures}
 
@@ -309,6 +311,42 @@ def _plan_placement(
                 "trainer.strategy.init_args.engine.init_args.tensor_parallel_size",
                 f"tensor_parallel_size={tp} differs from num_gpus_per_worker={gpus_per_worker:g}",
             )
+        )
+
+
+def _plan_shared_gpu(
+    findings: list[Finding], figures: dict[str, Any], rollout: dict[str, Any], cluster: Cluster
+) -> None:
+    """:func:`~unirl_lightning.preflight.shared_gpu_memory_error` on the estimates (vLLM engines only)."""
+    train, engine = figures.get("training_gpu"), figures.get("vllm_worker_gpu")
+    if not train or not engine:
+        return
+    placement = str(rollout.get("placement", "separate"))
+    states = train["states_fp32"]  # float32 masters + AdamW's two moments: a third, two thirds
+    shared = {"engine_gib": engine["budget_gib"], "masters_gib": round(states / 3, 2)}
+    shared.update(
+        frozen_gib=train["frozen_weights"], moments_gib=round(2 * states / 3, 2), gpu_gib=cluster.gib
+    )
+    offload = bool(rollout.get("offload_optimizer", False))
+    if placement != "separate":
+        held = shared["masters_gib"] + shared["frozen_gib"] + (0 if offload else shared["moments_gib"])
+        figures["shared_gpu"] = {
+            **shared,
+            "offload_optimizer": offload,
+            "total_gib": round(held + engine["budget_gib"], 2),
+        }
+    utilization = engine["budget_gib"] / cluster.gib
+    gpus = float(rollout.get("num_gpus_per_worker", 0) or 0)
+    error = shared_gpu_memory_error(
+        placement,
+        offload_optimizer=offload,
+        num_gpus_per_worker=gpus,
+        utilization=round(utilization, 4),
+        **shared,
+    )
+    if error:
+        findings.append(
+            Finding("error", "trainer.strategy.init_args.engine.init_args.gpu_memory_utilization", error)
         )
 
 

@@ -27,6 +27,7 @@ __all__ = [
     "multi_node_ray_error",
     "placement_schedule_error",
     "recipe_device_errors",
+    "shared_gpu_memory_error",
     "precision_warning",
     "resolve_weight_sync_name",
     "sync_replacement_error",
@@ -341,3 +342,44 @@ def recipe_device_errors(config: Any, trainer_on_cuda: bool) -> list[tuple[str, 
     if error:
         errors.append(("trainer.strategy.init_args.engine.init_args.sleep_level", error))
     return errors
+
+
+def shared_gpu_memory_error(
+    placement: str,
+    gpu_gib: float,
+    engine_gib: float,
+    masters_gib: float,
+    frozen_gib: float,
+    moments_gib: float,
+    offload_optimizer: bool,
+    num_gpus_per_worker: float,
+    utilization: float,
+) -> str | None:
+    """Memory of one GPU that a vLLM engine shares. vLLM sizes its pool at start to
+    ``gpu_memory_utilization x`` the GPU (``engine_gib``) and fails when that much is not free; under
+    ``colocate`` / ``hybrid`` the trainer then already holds its float32 masters and frozen weights, and
+    while the engine is awake again (it sleeps only while the trainer trains) also AdamW's two moments,
+    unless ``offload_optimizer`` moves them to the host (colocate). With a share of a GPU per worker
+    (``num_gpus_per_worker < 1``, separate placement) Ray packs ``1 / share`` engines on one GPU, each
+    asking for its own ``gpu_memory_utilization`` of it."""
+    if placement == "separate":
+        if 0 < num_gpus_per_worker < 1 and utilization > num_gpus_per_worker:
+            packed = int(1 / num_gpus_per_worker)
+            return (
+                f"num_gpus_per_worker={num_gpus_per_worker:g} packs {packed} vLLM engines on one GPU, each asking for "
+                f"gpu_memory_utilization={utilization:g} of it ({packed * utilization:g} of the GPU in all): set "
+                f"engine.init_args.gpu_memory_utilization to at most {num_gpus_per_worker:g}"
+            )
+        return None
+    moments = 0.0 if offload_optimizer and placement == "colocate" else moments_gib
+    held = masters_gib + frozen_gib + moments
+    if held + engine_gib <= gpu_gib:
+        return None
+    room = max(0.0, (gpu_gib - held) / gpu_gib)
+    offload = " or offload_optimizer: true," if placement == "colocate" and not offload_optimizer else ""
+    return (
+        f"placement={placement!r} puts the vLLM engine's {engine_gib:.1f} GiB (gpu_memory_utilization={utilization:g} "
+        f"x {gpu_gib:g} GiB) beside the trainer's {held:.1f} GiB (float32 masters {masters_gib:.1f}, frozen weights "
+        f"{frozen_gib:.1f}, AdamW moments {moments:.1f}) on one GPU: vLLM fails at start or at wake. Set "
+        f"engine.init_args.gpu_memory_utilization below {room:.2f}{offload} or use placement='separate'"
+    )

@@ -238,3 +238,51 @@ def test_a_bucket_is_loaded_up_to_its_last_layer_which_the_next_bucket_may_conti
     assert [n for n, _ in complete] == ["model.layers.1.q.weight", "model.layers.1.k.weight"]
     assert [n for n, _ in carry] == ["model.norm.weight"]
     assert whole_layers_first([]) == ([], [])
+
+
+# -- 7. a GPU an engine shares -----------------------------------------------------------------------
+UTILIZATION = "--trainer.strategy.init_args.engine.init_args.gpu_memory_utilization"
+
+
+def test_plan_adds_the_engine_share_to_what_the_trainer_holds_on_the_1gpu_recipe(tmp_path):
+    out = tmp_path / "plan.json"
+    run_plan(["--config", LORA_1GPU, "--output", str(out)])
+    shared = json.loads(out.read_text())["figures"]["shared_gpu"]
+    # LoRA on Qwen2.5-0.5B beside vLLM at 0.45 x 24 GiB: the bf16 base, the adapters' masters and moments
+    assert shared["engine_gib"] == pytest.approx(0.45 * 24)
+    assert shared["frozen_gib"] == pytest.approx(0.92, abs=0.01)
+    assert shared["total_gib"] == pytest.approx(
+        shared["engine_gib"] + shared["masters_gib"] + shared["frozen_gib"] + shared["moments_gib"], abs=0.02
+    )
+    errors = plan_errors(["--config", LORA_1GPU, f"{UTILIZATION}=0.97"], tmp_path)
+    assert [e["key"] for e in errors] == [UTILIZATION[2:]]
+    assert "vLLM fails at start or at wake" in errors[0]["message"] and "below 0.95" in errors[0]["message"]
+
+
+def test_engines_packed_on_a_shared_gpu_must_split_it(tmp_path):
+    gsm8k = str(EXAMPLES / "grpo_qwen2.5_0.5b_gsm8k.yaml")
+    half = "--trainer.strategy.init_args.num_gpus_per_worker=0.5"
+    engine = {"class_path": "unirl_lightning.engines.vllm.VLLMEngineConfig", "init_args": {}}
+
+    def utilization(value: float) -> str:
+        return "--trainer.strategy.init_args.engine=" + json.dumps(
+            {**engine, "init_args": {"gpu_memory_utilization": value}}
+        )
+
+    errors = plan_errors(["--config", gsm8k, half, utilization(0.8)], tmp_path)
+    assert [e["key"] for e in errors] == [UTILIZATION[2:]]
+    assert "packs 2 vLLM engines on one GPU" in errors[0]["message"]
+    assert plan_errors(["--config", gsm8k, half, utilization(0.45)], tmp_path) == []
+
+
+def test_the_optimizer_offload_frees_the_moments_under_colocate_only():
+    from unirl_lightning.preflight import shared_gpu_memory_error
+
+    sizes = dict(
+        gpu_gib=80, engine_gib=60, masters_gib=10, frozen_gib=0, moments_gib=20, num_gpus_per_worker=1
+    )
+    assert "offload_optimizer: true" in shared_gpu_memory_error(
+        "colocate", offload_optimizer=False, utilization=0.75, **sizes
+    )
+    assert shared_gpu_memory_error("colocate", offload_optimizer=True, utilization=0.75, **sizes) is None
+    assert shared_gpu_memory_error("hybrid", offload_optimizer=True, utilization=0.75, **sizes) is not None
