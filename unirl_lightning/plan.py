@@ -32,10 +32,12 @@ from typing import Any
 from unirl_lightning.preflight import (
     SHARED_DEVICE_PLACEMENTS,
     chat_template_warning,
+    checkpoint_names_error,
     hybrid_engine_error,
     multi_node_ray_error,
     precision_warning,
     recipe_device_errors,
+    renamed_by_transformers,
     resolve_weight_sync_name,
     shared_gpu_memory_error,
     sync_replacement_error,
@@ -91,6 +93,7 @@ class ModelShape:
     positions: int
     tied: bool
     has_chat_template: bool | None = None
+    model_type: str = ""
 
     @classmethod
     def from_dir(cls, folder: str | Path) -> ModelShape:
@@ -115,6 +118,7 @@ class ModelShape:
             positions=int(config.get("max_position_embeddings") or 0),
             tied=bool(config.get("tie_word_embeddings", False)),
             has_chat_template=has_chat_template,
+            model_type=str(config.get("model_type") or ""),
         )
 
     @property
@@ -210,6 +214,12 @@ def plan_recipe(config: dict[str, Any], cluster: Cluster, shape: ModelShape | No
         findings.append(Finding("error", "trainer.strategy.init_args.engine", error))
     on_cuda = not cluster.cpu and str(trainer.get("accelerator") or "auto") != "cpu"
     findings.extend(Finding("error", key, message) for key, message in recipe_device_errors(config, on_cuda))
+    serving = engine.rpartition(".")[2].removesuffix("EngineConfig").lower()  # "vllm", "sglang", "hf", ...
+    if shape is not None and shape.model_type:
+        renamed = renamed_by_transformers(shape.model_type)
+        names = checkpoint_names_error(shape.model_type, renamed, serving)
+        if names:
+            findings.append(Finding("error", "trainer.strategy.init_args.engine", names))
     multi_node = multi_node_ray_error(int(trainer.get("num_nodes") or 1), None)
     if multi_node:  # fit refuses it unless RAY_ADDRESS is set at launch
         findings.append(Finding("warning", "trainer.num_nodes", "at launch: " + multi_node))

@@ -27,6 +27,7 @@ __all__ = [
     "multi_node_ray_error",
     "placement_schedule_error",
     "recipe_device_errors",
+    "renamed_by_transformers",
     "shared_gpu_memory_error",
     "precision_warning",
     "resolve_weight_sync_name",
@@ -283,6 +284,17 @@ def sleep_level_error(sleep_level: int, lora: bool, sync_interval: int) -> str |
             "lets the engine wake without a push in between: use sleep_level: 1, or every_n_steps: 1"
         )
     return None
+
+
+def renamed_by_transformers(model_type: str) -> bool:
+    """Whether the installed transformers renames ``model_type``'s weights when it loads them (its
+    checkpoint conversion mapping, transformers 5), so its ``state_dict()`` names are not the
+    checkpoint's. The one rule input that is not standard library: transformers is imported here only."""
+    try:
+        from transformers.conversion_mapping import get_checkpoint_conversion_mapping
+    except ImportError:  # transformers 4 renames nothing; no transformers: nothing to say
+        return False
+    return bool(get_checkpoint_conversion_mapping(model_type))
 
 
 def checkpoint_names_error(model_type: str, renamed: bool, engine: str) -> str | None:

@@ -212,6 +212,24 @@ def test_a_moe_policy_is_refused_for_vllm_and_sglang_and_a_dense_one_is_not(conf
     assert json.loads((tmp_path / "moe" / "config.json").read_text())["model_type"] == config.model_type
 
 
+def test_plan_refuses_vllm_for_a_moe_model_config(tmp_path):
+    import transformers
+
+    config = transformers.Qwen2MoeConfig(
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        vocab_size=256,
+        num_experts=4,
+    )
+    config.save_pretrained(tmp_path / "moe")
+    errors = plan_errors(["--config", LORA_1GPU, "--model_config", str(tmp_path / "moe")], tmp_path)
+    assert [e["key"] for e in errors] == ["trainer.strategy.init_args.engine"]
+    assert "model_type='qwen2_moe'" in errors[0]["message"] and "engine='hf'" in errors[0]["message"]
+
+
 # -- 10. SGLang's memory saver keeps a copy of the weights ---------------------------------------------
 def test_sglang_with_the_memory_saver_backs_the_weights_up_on_the_host():
     served = ServedPolicy("/models/p", "bfloat16", False, None)

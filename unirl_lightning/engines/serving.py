@@ -81,22 +81,12 @@ def materialize_policy(policy: PolicySpec, directory: str) -> ServedPolicy:
     )
 
 
-def renamed_by_transformers(model_type: str) -> bool:
-    """Whether this transformers renames ``model_type``'s weights at load (its checkpoint conversion
-    mapping, transformers 5): its ``state_dict()`` names are then not the checkpoint's."""
-    try:
-        from transformers.conversion_mapping import get_checkpoint_conversion_mapping
-    except ImportError:  # transformers 4: no renaming
-        return False
-    return bool(get_checkpoint_conversion_mapping(model_type))
-
-
 def check_checkpoint_names(served: ServedPolicy, engine: str) -> None:
     """Refuse to serve a policy whose pushed weights would not carry the checkpoint's names
     (:func:`~unirl_lightning.preflight.checkpoint_names_error`); reads the served ``config.json``."""
     from transformers import AutoConfig
 
-    from unirl_lightning.preflight import checkpoint_names_error
+    from unirl_lightning.preflight import checkpoint_names_error, renamed_by_transformers
 
     model_type = str(
         AutoConfig.from_pretrained(served.path, trust_remote_code=served.trust_remote_code).model_type
