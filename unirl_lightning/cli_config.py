@@ -19,8 +19,10 @@ from lightning.pytorch.callbacks import ModelCheckpoint, ProgressBar
 from unirl_lightning.imports import import_callable
 from unirl_lightning.plan import FSDP_STRATEGY, world_size
 from unirl_lightning.preflight import (
+    checkpoint_names_error,
     hybrid_engine_error,
     recipe_device_errors,
+    renamed_by_transformers,
     sync_replacement_error,
     weight_sync_placement_error,
 )
@@ -221,6 +223,33 @@ def check_combinations(config: Any) -> None:
         raise ValueError(f"trainer.strategy.init_args: {error}")
     for key, error in recipe_device_errors(config, _trainer_on_cuda(trainer)):
         raise ValueError(f"{key}: {error}")
+    error = _checkpoint_names_error(config, settings["engine"])
+    if error is not None:
+        raise ValueError(f"trainer.strategy.init_args.engine: {error}")
+
+
+def _checkpoint_names_error(config: Any, engine: Any) -> str | None:
+    """:func:`~unirl_lightning.preflight.checkpoint_names_error` for a pretrained policy whose config is
+    on this machine (a folder, or the hub cache); others are checked when the engine is built."""
+    engine = str(engine.get("class_path") or "") if hasattr(engine, "get") else str(engine)
+    serving = engine.rpartition(".")[2].removesuffix("EngineConfig").lower()
+    policy = (
+        config.get("model").get("init_args").get("policy") if hasattr(config.get("model"), "get") else None
+    )
+    path = (
+        policy.get("init_args").get("name_or_path")
+        if hasattr(policy, "get") and policy.get("init_args")
+        else None
+    )
+    if serving not in ("vllm", "sglang") or not path:
+        return None
+    try:
+        from transformers import AutoConfig
+
+        model_type = str(AutoConfig.from_pretrained(str(path), local_files_only=True).model_type)
+    except Exception:  # noqa: BLE001 - not on this machine (a hub id, a GGUF file): the engine checks it
+        return None
+    return checkpoint_names_error(model_type, renamed_by_transformers(model_type), serving)
 
 
 def _trainer_on_cuda(trainer: Any) -> bool:

@@ -230,6 +230,30 @@ def test_plan_refuses_vllm_for_a_moe_model_config(tmp_path):
     assert "model_type='qwen2_moe'" in errors[0]["message"] and "engine='hf'" in errors[0]["message"]
 
 
+def test_fit_refuses_vllm_for_a_local_moe_policy_at_parse_time(tmp_path, capsys, monkeypatch):
+    import transformers
+
+    transformers.MixtralConfig(
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        vocab_size=256,
+        num_local_experts=4,
+    ).save_pretrained(tmp_path / "moe")
+    monkeypatch.chdir(tmp_path)
+    recipe = str(EXAMPLES / "grpo_smollm2_cpu.yaml")
+    args = ["--config", recipe, "--trainer.strategy.init_args.engine=vllm"]
+    code, last = fit_exit(
+        [*args, f"--model.init_args.policy.init_args.name_or_path={tmp_path / 'moe'}"], capsys
+    )
+    assert code == 2
+    assert (
+        last.startswith("error: trainer.strategy.init_args.engine: engine='vllm'") and "'mixtral'" in last
+    ), last
+
+
 # -- 10. SGLang's memory saver keeps a copy of the weights ---------------------------------------------
 def test_sglang_with_the_memory_saver_backs_the_weights_up_on_the_host():
     served = ServedPolicy("/models/p", "bfloat16", False, None)
