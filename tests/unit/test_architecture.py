@@ -74,17 +74,26 @@ def test_modules_never_import_serving_engines():
     assert not {m: d for m, d in offending.items() if m.startswith("unirl_lightning.modules") and d}
 
 
+def strategy_imports() -> set[str]:
+    """What the modules of ``unirl_lightning.strategy`` import, together."""
+    graph = import_graph()
+    return {
+        d for m, deps in graph.items() if m.split(".")[:2] == ["unirl_lightning", "strategy"] for d in deps
+    }
+
+
 def test_the_strategy_never_imports_callbacks_or_modules():
-    deps = import_graph()["unirl_lightning.strategy"]
+    deps = strategy_imports()
+    assert "unirl_lightning.strategy.mixin" in import_graph()["unirl_lightning.strategy"]
     assert not [d for d in deps if d.startswith(("unirl_lightning.callbacks", "unirl_lightning.modules"))]
 
 
 def test_the_strategy_imports_no_agentic_module_and_branches_on_no_family():
     """The strategy is Lightning's hooks, the Ray connection and the sync verb; each family's rollout
     side is its runtime (``unirl_lightning.runtime``), picked by ``runtime_for``."""
-    deps = import_graph()["unirl_lightning.strategy"]
+    deps = strategy_imports()
     assert not [d for d in deps if "agentic" in d]
-    source = (PACKAGE / "strategy.py").read_text()
+    source = "\n".join(p.read_text() for p in sorted((PACKAGE / "strategy").glob("*.py")))
     assert "agentic" not in source and "episodes" not in source
     read = {node.attr for node in ast.walk(ast.parse(source)) if isinstance(node, ast.Attribute)}
     assert not read & {"family", "agentic", "order"}, "the strategy reads a family's fields"

@@ -1,45 +1,22 @@
-"""AsyncRolloutStrategy: Lightning's training strategy plus the rollout side of an RL loop.
-
-The module says *what* is learned (its :class:`~unirl_lightning.modules.base.RolloutSpec`); the
-strategy says *where and how* it runs (engine, Ray workers and their placement, weight transport). The
-rollout side is the module family's :class:`~unirl_lightning.runtime.RolloutRuntime`, built once and
-kept across ``fit``/``validate`` calls; the strategy holds Lightning's hooks and the sync verb, and
-branches on no family nor placement: the placement's worker group class (Ray actors, or the hybrid
-engine in this process) owns the connection its workers need (Ray's, for Ray workers). ``process_dataloader`` swaps in the runtime's loop.
-
-Guarantees: ``max_staleness=0, max_inflight=1`` is synchronous on-policy training; no trained sample
-is older than ``max_staleness`` versions; weights are pushed only while nothing is in flight; evaluation
-never pushes nor changes the version. Every rank's rollout state goes into every checkpoint (atomic).
-Workers are shut down on error, Ctrl-C, ``shutdown`` and exit. Callbacks depend on the strategy, never
-the reverse. Only Lightning's public API is used.
-
-Several ranks (DDP, FSDP): each drives its own runtime, workers and share of the prompts; rank 0 starts
-(or joins) Ray, the others join it (``placement="hybrid"``: each rank has its engine in its own process). A sync is collective: every rank quiesces, pushes the full weights to
-its workers, advances the same version at the same RL step, and a barrier ends it (a resume: same ranks).
-"""
+"""The rollout half every strategy of this package shares (:class:`RolloutStrategyMixin`): the rollout
+settings, setup before any worker starts, the sync verb, evaluation, the rollout state in checkpoints,
+and teardown on error or exit (a cross-rank abort included). The three Lightning strategies built on it
+are in :mod:`unirl_lightning.strategy.strategies`."""
 
 from __future__ import annotations
 
 import _thread
 import logging
 import os
-import shutil
 import sys
 import threading
 import time
 from dataclasses import replace
-from datetime import timedelta
 from typing import Any, Literal
 
 import torch
 import torch.distributed as dist
 from lightning.pytorch.accelerators import CPUAccelerator
-from lightning.pytorch.strategies import (
-    DDPStrategy,
-    ModelParallelStrategy,
-    SingleDeviceStrategy,
-    StrategyRegistry,
-)
 
 from unirl_lightning.abort import CrossRankAbort
 from unirl_lightning.checkpoint_io import AtomicCheckpointIO
@@ -423,145 +400,3 @@ class RolloutStrategyMixin:
         self.runtime = None
         self.weight_sync.close()
         self.worker_group_class.release()
-
-
-class AsyncRolloutStrategy(RolloutStrategyMixin, SingleDeviceStrategy):
-    """Train on one device while rollout workers generate asynchronously.
-
-    Args:
-        device: the training device, ``"auto"`` = ``cuda:0`` when visible else ``cpu``.
-        **rollout: the rollout settings, :meth:`RolloutStrategyMixin.init_rollout` (``engine``, ...).
-
-    Example::
-
-        Trainer(strategy=AsyncRolloutStrategy(engine="hf", max_staleness=1), max_steps=100).fit(module)
-    """
-
-    strategy_name = "async_rollout"
-
-    def __init__(self, device: str = "auto", **rollout: Any) -> None:
-        self._device_auto = device == "auto"
-        if self._device_auto:
-            device = "cuda:0" if torch.cuda.is_available() else "cpu"
-        super().__init__(device=torch.device(device))
-        self.init_rollout(**rollout)
-
-    @property
-    def root_device(self) -> torch.device:
-        """The training device; with ``device="auto"`` the Trainer's accelerator decides it, so
-        ``Trainer(accelerator="cpu")`` trains on the CPU of a machine that has a GPU."""
-        if self._device_auto and isinstance(self.accelerator, CPUAccelerator):
-            return torch.device("cpu")
-        return super().root_device
-
-
-class AsyncRolloutDDPStrategy(RolloutStrategyMixin, DDPStrategy):
-    """Train on several ranks with Lightning's DDP while rollout workers generate asynchronously
-    (``Trainer(strategy=AsyncRolloutDDPStrategy(...), devices=N, num_nodes=M)``).
-
-    Args:
-        process_group_backend: ``"gloo"`` (CPU) or ``"nccl"`` (GPU); None = Lightning's choice.
-        timeout_s: timeout of every collective of the training process group, and of a collective
-            weight sync's waits (the workers' receive included) unless it sets its own.
-        find_unused_parameters: DDP's flag (trainable parameters some backward does not reach).
-        **rollout: the rollout settings, :meth:`RolloutStrategyMixin.init_rollout` (``num_workers`` is
-            per rank).
-    """
-
-    strategy_name = "async_rollout_ddp"
-
-    def __init__(
-        self,
-        process_group_backend: Literal["gloo", "nccl"] | None = None,
-        timeout_s: float = 1800.0,
-        find_unused_parameters: bool = False,
-        **rollout: Any,
-    ) -> None:
-        super().__init__(
-            process_group_backend=process_group_backend,
-            timeout=timedelta(seconds=require_positive("timeout_s", timeout_s)),
-            find_unused_parameters=find_unused_parameters,
-        )
-        self.process_group_timeout_s = float(timeout_s)
-        self.init_rollout(**rollout)
-
-
-class AsyncRolloutFSDPStrategy(RolloutStrategyMixin, ModelParallelStrategy):
-    """Train on several ranks with sharded parameters (FSDP2, Lightning's ``ModelParallelStrategy``)
-    while rollout workers generate asynchronously.
-
-    The module's ``configure_model`` shards its networks over Lightning's ``(num_nodes, devices)``
-    mesh, used as HSDP (sharded within a node, replicated across nodes). Every rank is a data-parallel
-    replica with prompts and workers of its own. A sync gathers each parameter whole, one tensor at a
-    time, and each rank pushes the full weights to its own workers (peak: one gathered tensor on the
-    device plus the pushed weights on the host).
-
-    Args:
-        process_group_backend: ``"gloo"`` (CPU) or ``"nccl"`` (GPU); None = Lightning's choice.
-        timeout_s: timeout of every collective of the training process group, and of a collective
-            weight sync's waits (the workers' receive included) unless it sets its own.
-        save_distributed_checkpoint: True = every rank writes its shard into a checkpoint folder
-            (large models); False = one file with the full state, written by rank 0.
-        **rollout: the rollout settings, :meth:`RolloutStrategyMixin.init_rollout` (``num_workers`` is
-            per rank).
-
-    Example::
-
-        Trainer(strategy=AsyncRolloutFSDPStrategy(max_staleness=1, num_workers=1), accelerator="cpu",
-                devices=2, max_steps=100)
-    """
-
-    shards_model = True
-
-    strategy_name = "async_rollout_fsdp"
-
-    def __init__(
-        self,
-        process_group_backend: Literal["gloo", "nccl"] | None = None,
-        timeout_s: float = 1800.0,
-        save_distributed_checkpoint: bool = False,
-        **rollout: Any,
-    ) -> None:
-        super().__init__(
-            save_distributed_checkpoint=save_distributed_checkpoint,
-            process_group_backend=process_group_backend,
-            timeout=timedelta(seconds=require_positive("timeout_s", timeout_s)),
-        )
-        self.process_group_timeout_s = float(timeout_s)
-        self.sharded_checkpoints = save_distributed_checkpoint
-        self.init_rollout(**rollout)
-
-    @property
-    def distributed_sampler_kwargs(self) -> dict[str, Any]:
-        """Every rank is a data-parallel replica with prompts of its own (the mesh shards parameters)."""
-        return {"num_replicas": self.world_size, "rank": self.global_rank}
-
-    def setup(self, trainer: Any) -> None:
-        module = trainer.lightning_module
-        spec = module.rollout_spec()
-        runtime_for(spec).check_shardable(spec, type(module).__name__)
-        super().setup(trainer)
-
-    def save_checkpoint(self, checkpoint: dict[str, Any], filepath: Any, storage_options: Any = None) -> None:
-        """A sharded checkpoint is a folder Lightning writes without ``CheckpointIO``: written next to its
-        name, it replaces the old folder once every rank's shard is in it (not atomic: two steps)."""
-        path = os.fspath(filepath)
-        if not self.sharded_checkpoints or "://" in path:
-            super().save_checkpoint(checkpoint, filepath, storage_options)
-            return
-        partial = f"{path}.partial"
-        super().save_checkpoint(checkpoint, partial, storage_options)
-        if self.is_global_zero:  # the collective save returned: every shard is in the folder
-            if os.path.exists(path):
-                shutil.rmtree(path) if os.path.isdir(path) else os.remove(path)
-            os.replace(partial, path)
-        self.barrier("sharded checkpoint in place")
-
-
-for _cls, _description in (
-    (AsyncRolloutStrategy, "Lightning training on one device + asynchronous rollout workers on Ray"),
-    (AsyncRolloutDDPStrategy, "Lightning DDP training ranks + asynchronous rollout workers on Ray"),
-    (AsyncRolloutFSDPStrategy, "Lightning FSDP2 training ranks + asynchronous rollout workers on Ray"),
-):
-    if _cls.strategy_name not in StrategyRegistry:
-        StrategyRegistry.register(_cls.strategy_name, _cls, description=f"{_description} (unirl_lightning)")
