@@ -27,9 +27,6 @@ from collections.abc import Callable
 from typing import Any, ClassVar
 
 from unirl_lightning.engines import EngineConfig, resolve_engine
-from unirl_lightning.timeline import Timeline
-
-
 from unirl_lightning.runtime.devices import (
     OffloadedState,
     free_trainer_memory,
@@ -48,7 +45,7 @@ from unirl_lightning.runtime.settings import (
     cpu_threads,
     rank_share,
 )
-
+from unirl_lightning.timeline import Timeline
 
 __all__ = [
     "Placement",
