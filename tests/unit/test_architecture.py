@@ -127,6 +127,7 @@ LAYERS: list[tuple[str, ...]] = [
         "ray_watchdog",
         "preflight",
         "plan",
+        "plan_memory",
         "abort",
     ),
     # 2: pure tensor functions
