@@ -69,7 +69,7 @@ from unirl_lightning.cli_config import (  # noqa: E402
     resolve_last_checkpoint,
 )
 from unirl_lightning.cli_errors import RLArgumentParser, config_error  # noqa: E402
-from unirl_lightning.cli_plan import _bundled_model_config, _header_cluster, _plain, format_plan  # noqa: E402
+from unirl_lightning.cli_plan import bundled_model_config, header_cluster, plain_data, format_plan  # noqa: E402
 from unirl_lightning.modules.base import RLModule  # noqa: E402
 
 FIT_SETTINGS_HELP = (
@@ -364,7 +364,7 @@ class PlanCLI(CheckpointCLI):
 
         config = self.config
         files = [str(path) for path in config.get("config") or []]
-        cluster_text = config.get("cluster") or _header_cluster(files)
+        cluster_text = config.get("cluster") or header_cluster(files)
         if cluster_text is None:
             self.parser.error(
                 "plan needs --cluster (NODESxGPUSxGIB, e.g. 1x8x80, or cpu) or a '# cluster:' header line"
@@ -375,8 +375,8 @@ class PlanCLI(CheckpointCLI):
             self.parser.error(str(exc))
         plain = config.clone()
         plain.pop("config", None)
-        data = _plain(plain)
-        folder = config.get("model_config") or _bundled_model_config(data)
+        data = plain_data(plain)
+        folder = config.get("model_config") or bundled_model_config(data)
         if folder and not (Path(folder) / "config.json").is_file():
             self.parser.error(
                 f"--model_config {folder}: no config.json there (a folder with the model's config.json and "

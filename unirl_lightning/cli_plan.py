@@ -10,17 +10,17 @@ from typing import Any
 from jsonargparse import Namespace
 
 
-def _plain(node: Any) -> Any:
+def plain_data(node: Any) -> Any:
     if isinstance(node, Namespace):
-        return {key: _plain(value) for key, value in vars(node).items()}
+        return {key: plain_data(value) for key, value in vars(node).items()}
     if isinstance(node, list | tuple):
-        return [_plain(value) for value in node]
+        return [plain_data(value) for value in node]
     if isinstance(node, Path):
         return str(node)
     return node if isinstance(node, str | int | float | bool | type(None) | dict) else str(node)
 
 
-def _header_cluster(files: list[str]) -> str | None:
+def header_cluster(files: list[str]) -> str | None:
     """The ``# cluster: X`` line at the top of the last config file, or None."""
     for path in reversed(files):
         for line in Path(path).read_text().splitlines():
@@ -34,7 +34,7 @@ def _header_cluster(files: list[str]) -> str | None:
 MODEL_CONFIGS = Path(__file__).resolve().parent.parent / "examples" / "model_configs"
 
 
-def _bundled_model_config(config: dict[str, Any]) -> Path | None:
+def bundled_model_config(config: dict[str, Any]) -> Path | None:
     """``examples/model_configs/<last part of the policy's name_or_path>`` when it exists."""
     policy = ((config.get("model") or {}).get("init_args") or {}).get("policy") or {}
     name = (policy.get("init_args") or {}).get("name_or_path")

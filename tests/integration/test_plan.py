@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from unirl_lightning.cli import PlanCLI, run_plan
-from unirl_lightning.cli_plan import _header_cluster
+from unirl_lightning.cli_plan import header_cluster
 from unirl_lightning.plan import ModelShape, parse_cluster, plan_recipe
 from unirl_lightning.preflight import fused_optimizer_allowed, sync_replacement_error
 
@@ -24,7 +24,7 @@ SEVEN_B = str(REPO / "examples" / "grpo_qwen2.5_7b_fsdp_vllm.yaml")
 
 @pytest.mark.parametrize("recipe", EXAMPLES, ids=[p.stem for p in EXAMPLES])
 def test_every_example_names_its_cluster_and_plans_clean(recipe, capsys):
-    cluster = _header_cluster([str(recipe)])
+    cluster = header_cluster([str(recipe)])
     assert cluster is not None, f"{recipe.name} has no '# cluster:' header line"
     parse_cluster(cluster)
     result = run_plan(["--config", str(recipe)])
