@@ -69,7 +69,7 @@ from unirl_lightning.cli_config import (  # noqa: E402
     resolve_last_checkpoint,
 )
 from unirl_lightning.cli_errors import RLArgumentParser, config_error  # noqa: E402
-from unirl_lightning.cli_plan import bundled_model_config, header_cluster, plain_data, format_plan  # noqa: E402
+from unirl_lightning.cli_plan import bundled_model_config, format_plan, header_cluster, plain_data  # noqa: E402
 from unirl_lightning.modules.base import RLModule  # noqa: E402
 
 FIT_SETTINGS_HELP = (
