@@ -43,6 +43,7 @@ import os
 if not os.environ.get("RAY_ADDRESS"):  # before anything imports ray: it reads the mode at import
     os.environ.setdefault("RAY_AUTH_MODE", "token")
 
+import difflib  # noqa: E402
 import json  # noqa: E402
 import logging  # noqa: E402
 import sys  # noqa: E402
@@ -66,6 +67,7 @@ from unirl_lightning.cli_config import (  # noqa: E402
     checkpoint_hyperparameters,
     checkpoint_overrides,
     refuse_cli_optimizers,
+    refuse_trainer_flags,
     resolve_last_checkpoint,
 )
 from unirl_lightning.cli_errors import RLArgumentParser, config_error  # noqa: E402
@@ -131,6 +133,7 @@ class UniRLCLI(LightningCLI):
             check_combinations(config)
             check_reward_paths(config)
             refuse_cli_optimizers(config)
+            refuse_trainer_flags(config)
             if subcommand == "fit":
                 check_data_paths(config)
         except (ValueError, FileNotFoundError) as exc:
@@ -438,6 +441,8 @@ VERBS = {
     "test, predict": "Lightning's verbs; the RL modules define no test or predict step",
 }
 
+VERB_NAMES = ["fit", "plan", "validate", "export", "test", "predict"]
+
 
 def print_verbs() -> None:
     print("usage: unirl-lightning VERB --config X.yaml [...]\n\nverbs:")
@@ -456,6 +461,12 @@ def main(args: list[str] | None = None) -> None:
     if argv[:1] in ([], ["-h"], ["--help"]):
         print_verbs()
         return
+    if argv and not argv[0].startswith("-") and argv[0] not in VERB_NAMES:
+        close = difflib.get_close_matches(argv[0], VERB_NAMES, n=1)
+        hint = f"; did you mean {close[0]!r}?" if close else ""
+        print(f"usage: unirl-lightning {{{','.join(VERB_NAMES)}}} --config X.yaml [...]", file=sys.stderr)
+        print(f"error: unknown verb {argv[0]!r} (choose from {', '.join(VERB_NAMES)}){hint}", file=sys.stderr)
+        sys.exit(2)
     if argv[:1] == ["export"]:
         run_export(argv[1:])
         return

@@ -8,6 +8,7 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import inspect
+import json
 import os
 import zipfile
 from pathlib import Path
@@ -282,6 +283,75 @@ def check_data_paths(config: Any) -> None:
                 f"data.init_args.{key}: prompt source {source!r} is not an existing file or folder (looked at "
                 f"{path.resolve()}), not 'hf:<id>' and not a built-in task ({', '.join(sorted(BUILTIN_TASKS))})"
             )
+        if path.suffix.lower() == ".jsonl":
+            rows, bad = scan_json_lines(path)
+            if bad is not None:
+                raise ValueError(f"data.init_args.{key}: {path}:{bad[0]} is not a JSON object: {bad[1]}")
+            batch_size = args.get("batch_size")
+            if key == "train" and isinstance(batch_size, int) and rows < batch_size:
+                raise ValueError(
+                    f"data.init_args.train: {path} has {rows} rows, fewer than data.init_args.batch_size={batch_size} "
+                    "(one RL step takes batch_size prompts): lower batch_size or add rows"
+                )
+    check_eval_prompts(config, args)
+
+
+def scan_json_lines(path: Path) -> tuple[int, tuple[int, str] | None]:
+    """The rows of a JSON-lines file (non-blank lines), and its first line that is not one JSON object
+    as ``(line number, why)`` (None when all are); a streaming pass that stops at that line."""
+    rows = 0
+    with open(path, encoding="utf-8", errors="replace") as lines:
+        for number, line in enumerate(lines, start=1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as exc:
+                return rows, (number, f"{exc.msg} at column {exc.colno}")
+            if not isinstance(row, dict):
+                return rows, (number, f"a JSON {type(row).__name__}, not an object of columns")
+            rows += 1
+    return rows, None
+
+
+def check_eval_prompts(config: Any, data_args: Namespace) -> None:
+    """A ``RolloutEvalCallback`` without prompts of its own evaluates the data module's held-out prompts;
+    a dataset ``train`` (a file, a folder, ``hf:``) has none unless ``val`` or ``val_split`` is given."""
+    from unirl_lightning.data.tasks import BUILTIN_TASKS
+
+    train = data_args.get("train")
+    if (
+        not isinstance(train, str)
+        or train in BUILTIN_TASKS
+        or data_args.get("val")
+        or data_args.get("val_split")
+    ):
+        return
+    trainer = config.get("trainer")
+    callbacks = (trainer.get("callbacks") if hasattr(trainer, "get") else None) or []
+    for index, callback in enumerate(callbacks):
+        class_path = str(callback.get("class_path") or "") if hasattr(callback, "get") else ""
+        args = callback.get("init_args") if hasattr(callback, "get") else None
+        if class_path.endswith("RolloutEvalCallback") and not (args is not None and args.get("prompts")):
+            raise ValueError(
+                f"trainer.callbacks.{index} (RolloutEvalCallback) evaluates held-out prompts, but data.init_args.train="
+                f"{train!r} is a dataset with none: set data.init_args.val (a file or 'hf:<id>') or "
+                "data.init_args.val_split (e.g. 'test'), give the callback prompts=<file or task>, or remove it"
+            )
+
+
+def refuse_trainer_flags(config: Any) -> None:
+    """Lightning flags the RL modules cannot honour, refused naming this library's equivalent. The
+    modules step their optimizer themselves (manual optimization), so Lightning's gradient accumulation
+    never applies: a step's gradients accumulate over its micro-batches instead."""
+    trainer = config.get("trainer") if hasattr(config, "get") else None
+    accumulate = trainer.get("accumulate_grad_batches") if hasattr(trainer, "get") else None
+    if accumulate not in (None, 1):
+        raise ValueError(
+            f"trainer.accumulate_grad_batches={accumulate}: the RL modules accumulate a step's gradients over its "
+            "micro-batches themselves: set model.init_args.micro_batch_rows or model.init_args.micro_batch_tokens "
+            "(the rows or tokens of one forward/backward), and model.init_args.mini_batches for several updates per step"
+        )
 
 
 def refuse_cli_optimizers(config: Any) -> None:
