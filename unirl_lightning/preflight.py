@@ -8,12 +8,16 @@ returns the problem as a message naming the keys and the fix, or None when the s
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal, get_args
 
 __all__ = [
     "IN_PROCESS_PLACEMENTS",
     "MIXED_PRECISIONS",
     "PLACEMENTS",
+    "Placement",
+    "SyncMode",
+    "WeightSyncName",
+    "WorkerLayout",
     "SHARED_DEVICE_PLACEMENTS",
     "chat_template_warning",
     "checkpoint_names_error",
@@ -36,7 +40,8 @@ __all__ = [
     "weight_sync_placement_error",
 ]
 
-PLACEMENTS = ("separate", "colocate", "hybrid")
+Placement = Literal["separate", "colocate", "hybrid"]
+PLACEMENTS = get_args(Placement)
 """Where the engines run: ``separate`` (Ray workers on devices of their own), ``colocate`` (Ray workers
 on the trainer's device, asleep while it trains), ``hybrid`` (the engine inside the training process,
 on its device: no Ray)."""
@@ -47,7 +52,11 @@ SHARED_DEVICE_PLACEMENTS = frozenset({"colocate", "hybrid"})
 IN_PROCESS_PLACEMENTS = frozenset({"hybrid"})
 """The placements whose engine lives in the training process (weights move by an in-memory copy)."""
 
+WeightSyncName = Literal["auto", "object_store", "collective", "inprocess"]
+"""The weight-sync backends by name (``"auto"``: the placement's)."""
 RAY_WEIGHT_SYNCS = ("object_store", "collective")
+WorkerLayout = Literal["actor", "per_gpu"]
+"""A GPU worker's placement group: one bundle (``"actor"``) or one per GPU (``"per_gpu"``)."""
 IN_PROCESS_WEIGHT_SYNC = "inprocess"
 
 MIXED_PRECISIONS = frozenset({"16-mixed", "bf16-mixed", "16", "bf16"})
@@ -56,7 +65,8 @@ MIXED_PRECISIONS = frozenset({"16-mixed", "bf16-mixed", "16", "bf16"})
 LOW_PRECISION_DTYPES = frozenset({"bfloat16", "float16"})
 
 
-SYNC_MODES = ("quiesce", "interrupt")
+SyncMode = Literal["quiesce", "interrupt"]
+SYNC_MODES = get_args(SyncMode)
 """How a weight sync treats the requests in flight: wait for them, or interrupt and resume them."""
 
 

@@ -6,13 +6,15 @@ from __future__ import annotations
 import math
 import os
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
 from unirl_lightning.checks import require_at_least, require_choice, require_positive
 from unirl_lightning.engines import check_engine_name
 from unirl_lightning.preflight import (
     IN_PROCESS_PLACEMENTS,
     SHARED_DEVICE_PLACEMENTS,
+    Placement,
+    WorkerLayout,
     interrupt_placement_error,
     placement_schedule_error,
 )
@@ -27,9 +29,6 @@ __all__ = [
     "cpu_threads",
     "rank_share",
 ]
-
-Placement = Literal["separate", "colocate", "hybrid"]
-WorkerLayout = Literal["actor", "per_gpu"]
 
 
 def check_rollout_settings(

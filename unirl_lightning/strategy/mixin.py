@@ -12,7 +12,7 @@ import sys
 import threading
 import time
 from dataclasses import replace
-from typing import Any, Literal
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -24,6 +24,8 @@ from unirl_lightning.checks import require_positive
 from unirl_lightning.cli_types import NonNegativeInt, PositiveInt
 from unirl_lightning.engines import EngineConfig, EngineName, engine_name
 from unirl_lightning.preflight import (
+    SyncMode,
+    WorkerLayout,
     collective_device_error,
     hybrid_engine_error,
     multi_node_ray_error,
@@ -115,11 +117,11 @@ class RolloutStrategyMixin:
         generation_timeout_s: float = 600.0,
         max_worker_restarts: NonNegativeInt = 3,
         worker_resources: dict[str, float] | None = None,
-        worker_layout: Literal["actor", "per_gpu"] = "actor",
+        worker_layout: WorkerLayout = "actor",
         offload_optimizer: bool = False,
         abort_timeout_s: float = 60.0,
         reward_workers: RewardWorkers | None = None,
-        sync_mode: Literal["quiesce", "interrupt"] = "quiesce",
+        sync_mode: SyncMode = "quiesce",
         interrupt_chunk_tokens: PositiveInt = 32,
     ) -> None:
         self.abort_timeout_s = float(require_positive("abort_timeout_s", abort_timeout_s))

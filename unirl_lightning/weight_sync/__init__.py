@@ -9,10 +9,8 @@ advances the version ledger. Backends: :class:`ObjectStoreWeightSync` (the Ray w
 (:func:`~unirl_lightning.preflight.resolve_weight_sync_name`).
 """
 
-from typing import Literal
-
 from unirl_lightning.checks import require_choice
-from unirl_lightning.preflight import resolve_weight_sync_name
+from unirl_lightning.preflight import WeightSyncName, resolve_weight_sync_name
 from unirl_lightning.weight_sync.base import PushTargets, SyncStats, WeightSync, named_weights
 from unirl_lightning.weight_sync.collective import CollectiveWeightSync
 from unirl_lightning.weight_sync.inprocess import InProcessWeightSync
@@ -31,8 +29,6 @@ __all__ = [
     "weight_sync_kind",
 ]
 
-
-WeightSyncName = Literal["auto", "object_store", "collective", "inprocess"]
 
 BACKENDS: dict[str, type] = {
     "object_store": ObjectStoreWeightSync,

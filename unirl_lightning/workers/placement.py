@@ -21,11 +21,14 @@ import sys
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any
 
-from unirl_lightning.preflight import tensor_parallel_size_for  # noqa: F401 - its public home before it moved
+from unirl_lightning.preflight import (
+    WorkerLayout,
+    tensor_parallel_size_for,  # noqa: F401 - its public home before it moved
+)
 
-Layout = Literal["actor", "per_gpu"]
+Layout = WorkerLayout
 _EPS = 1e-9
 
 
