@@ -4,6 +4,7 @@ import serving engines, callbacks depend on the strategy and never the reverse."
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[2] / "unirl_lightning"
@@ -109,64 +110,33 @@ def test_the_generic_worker_knows_no_episodes():
     assert "episodes" not in import_graph()["unirl_lightning.workers.actor"]
 
 
-# The package's floors, lowest first, as ARCHITECTURE.md's layout describes them. A module's floor is
-# that of the longest entry that prefixes its name; it may import its own floor and the ones below.
-LAYERS: list[tuple[str, ...]] = [
-    # 1: standard-library helpers every room may use
-    (
-        "seeding",
-        "imports",
-        "checks",
-        "cli_types",
-        "timeline",
-        "tb",
-        "prompts",
-        "sharding",
-        "meta_init",
-        "checkpoint_io",
-        "ray_watchdog",
-        "preflight",
-        "plan",
-        "plan_memory",
-        "abort",
-    ),
-    # 2: pure tensor functions
-    ("algorithms",),
-    # 3: the rollout records, the stdlib controller and loop, and the torch batches beside them
-    (
-        "rollout",
-        "rollout.records",
-        "rollout.batches",
-        "rollout.controller",
-        "rollout.interrupts",
-        "rollout.agentic",
-        "rollout.loop",
-    ),
-    # 4: rewards (the code reward's sandbox and its in-sandbox runner, the remote reward) and the built-in tasks
-    ("rewards", "rewards.code", "rewards.sandbox", "rewards.sandbox_runner", "rewards.remote", "data.tasks"),
-    # 5: environments (the agentic coordinator) and the data modules
-    ("envs", "data"),
-    # 6: the agentic loop (episodes through the coordinator)
-    ("rollout.agentic_loop",),
-    # 7: models, adapters and export
-    ("models", "models_diffusion", "lora", "export"),
-    # 8: moving weights
-    ("weight_sync",),
-    # 9: serving engines (they load what weight_sync moves)
-    ("engines",),
-    # 10: Ray workers
-    ("workers",),
-    # 11: the rollout runtimes
-    ("runtime",),
-    # 12: the strategy
-    ("strategy",),
-    # 13: callbacks
-    ("callbacks",),
-    # 14: LightningModules
-    ("modules",),
-    # 15: entry points (the package's lazy names included)
-    ("cli", "cli_config", "cli_errors", "cli_plan", "demo", ""),
-]
+DOC = PACKAGE.parent / "docs" / "architecture.md"
+
+
+def read_layers(text: str) -> list[tuple[str, ...]]:
+    """The floors of docs/architecture.md's table, lowest first: each row ``| n | `a`, `b` | ...``
+    gives floor n's entries (``(package)`` is the package itself, the empty entry)."""
+    layers: dict[int, tuple[str, ...]] = {}
+    for line in text.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) >= 2 and cells[0].isdigit():
+            entries = re.findall(r"`([^`]*)`", cells[1])
+            layers[int(cells[0])] = tuple("" if e == "(package)" else e for e in entries)
+    assert sorted(layers) == list(range(1, len(layers) + 1)), "the floors must be numbered 1..n"
+    return [layers[n] for n in sorted(layers)]
+
+
+# The package's floors, lowest first (docs/architecture.md). A module's floor is that of the longest
+# entry that prefixes its name; it may import its own floor and the ones below.
+LAYERS: list[tuple[str, ...]] = read_layers(DOC.read_text())
+
+
+def test_the_table_has_every_floor_and_the_package_itself():
+    assert len(LAYERS) == 15 and "" in LAYERS[-1] and "preflight" in LAYERS[0]
+    assert read_layers("| 1 | `a`, `b.c` | x | y |\n| 2 | `d`, (package) | x | y |") == [
+        ("a", "b.c"),
+        ("d", ""),
+    ]
 
 
 def layer_of(module: str) -> int:
