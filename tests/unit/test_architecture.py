@@ -133,7 +133,7 @@ LAYERS: list[tuple[str, ...]] = read_layers(DOC.read_text())
 
 def test_the_table_has_every_floor_and_the_package_itself():
     assert len(LAYERS) == 15 and "" in LAYERS[-1] and "preflight" in LAYERS[0]
-    assert read_layers("| 1 | `a`, `b.c` | x | y |\n| 2 | `d`, (package) | x | y |") == [
+    assert read_layers("| 1 | `a`, `b.c` | x | y |\n| 2 | `d`, `(package)` | x | y |") == [
         ("a", "b.c"),
         ("d", ""),
     ]
