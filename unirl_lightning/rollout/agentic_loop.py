@@ -202,6 +202,10 @@ class AgenticRolloutLoop:
     def __iter__(self) -> AgenticRolloutLoop:
         return self
 
+    def __len__(self) -> int:
+        """One Lightning epoch is one pass over the training prompts (as :class:`RolloutLoop`)."""
+        return self.stream.batches_per_pass()
+
     def __next__(self) -> DeferredBatch:
         """A placeholder resolved into the real batch at ``batch_to_device``, after the previous
         step's sync (see :meth:`RolloutLoop.__next__ <unirl_lightning.rollout.loop.RolloutLoop.__next__>`)."""

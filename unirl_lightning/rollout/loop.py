@@ -175,7 +175,7 @@ class PromptStream:
                 next(self._iter)
         try:
             records = next(self._iter)
-        except StopIteration:  # a new pass over the prompts: Lightning sees one endless epoch
+        except StopIteration:  # a new pass over the prompts (launches run ahead of Lightning's epoch)
             self.epoch += 1
             self.epoch_start = self.batches_used
             self._iter = self._new_pass()
@@ -188,6 +188,11 @@ class PromptStream:
         if callable(set_epoch):
             set_epoch(self.epoch)
         return iter(self.prompts)
+
+    def batches_per_pass(self) -> int:
+        """The prompt batches of one pass (the train dataloader's length): a Lightning epoch's steps.
+        ``TypeError`` when the prompts have no length (Lightning then sees one endless epoch)."""
+        return len(self.prompts)  # type: ignore[arg-type]
 
     def position(self) -> dict[str, int]:
         return {
@@ -221,7 +226,7 @@ class RolloutLoop:
 
     Args:
         prompts: an iterable of prompt-record batches (the datamodule's train dataloader); it is
-            iterated again when exhausted (one endless epoch for Lightning).
+            iterated again when exhausted; its length (batches per pass) is a Lightning epoch.
         controller: the mechanism (launch, poll, drain, version ledger).
         collate: ``collate(groups) -> batch`` of the module's batch type.
         build_request: ``build_request(records, gen_id) -> request`` (the module's sampling).
@@ -299,6 +304,12 @@ class RolloutLoop:
     # -- one step -------------------------------------------------------------------------------
     def __iter__(self) -> RolloutLoop:
         return self
+
+    def __len__(self) -> int:
+        """One Lightning epoch is one pass over the training prompts (``max_epochs``, ``current_epoch``,
+        ``on_train_epoch_end`` and the monitors checked there follow it); the loop itself runs on across
+        epochs, with what is in flight and buffered."""
+        return self.stream.batches_per_pass()
 
     def __next__(self) -> DeferredBatch:
         """A placeholder the strategy turns into the real batch (:meth:`next_batch`) at ``batch_to_device``.
