@@ -4,6 +4,7 @@ event a line, in call order across processes)."""
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
@@ -43,10 +44,16 @@ class RecordingHFEngine(HFEngine):
 
 @dataclass
 class RecordingHFEngineConfig(HFEngineConfig):
-    """``enable_sleep_mode`` is resolved by the runtime, as vLLM's is; the engine records it when built."""
+    """``enable_sleep_mode`` is resolved for the placement, as vLLM's is (its ``for_placement``: on when
+    the engine shares the trainer's device); the engine records it when built."""
 
     events_path: str = ""
     enable_sleep_mode: bool | None = None
+
+    def for_placement(self, settings: Any) -> RecordingHFEngineConfig:
+        if self.enable_sleep_mode is not None:
+            return self
+        return dataclasses.replace(self, enable_sleep_mode=settings.shares_trainer_device)
 
     def build(self, policy: Any, lora: Any = None) -> RecordingHFEngine:
         record_event(self.events_path, f"build(enable_sleep_mode={self.enable_sleep_mode})")
