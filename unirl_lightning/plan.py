@@ -272,6 +272,8 @@ def _plan_shared_gpu(
     if not train or not engine:
         return
     placement = str(rollout.get("placement", "separate"))
+    if placement == "separate":  # engines packed on a share of a GPU: recipe_device_errors
+        return
     states = train["states_fp32"]  # float32 masters + AdamW's two moments: a third, two thirds
     shared = {"engine_gib": engine["budget_gib"], "masters_gib": round(states / 3, 2)}
     shared.update(

@@ -354,6 +354,12 @@ def recipe_device_errors(config: Any, trainer_on_cuda: bool) -> list[tuple[str, 
     if error:
         errors.append(("trainer.strategy.init_args.weight_sync", error))
     engine = _get(rollout, "engine", default="auto")
+    vllm = engine == "vllm" or str(_get(engine, "class_path", default="")).endswith("VLLMEngineConfig")
+    if vllm and placement == "separate" and 0 < gpus < 1:  # engines packed on one GPU must split it
+        utilization = 0.5 if isinstance(engine, str) else _get(engine, "init_args", "gpu_memory_utilization")
+        packed = shared_gpu_memory_error(placement, 0, 0, 0, 0, 0, False, gpus, float(utilization or 0.5))
+        if packed:
+            errors.append(("trainer.strategy.init_args.engine.init_args.gpu_memory_utilization", packed))
     sleep_level = 1 if isinstance(engine, str) else int(_get(engine, "init_args", "sleep_level", default=1))
     every = 1
     for callback in _get(config, "trainer", "callbacks", default=None) or []:

@@ -301,7 +301,7 @@ def test_plan_adds_the_engine_share_to_what_the_trainer_holds_on_the_1gpu_recipe
     assert "vLLM fails at start or at wake" in errors[0]["message"] and "below 0.95" in errors[0]["message"]
 
 
-def test_engines_packed_on_a_shared_gpu_must_split_it(tmp_path):
+def test_engines_packed_on_a_shared_gpu_must_split_it(tmp_path, capsys, monkeypatch):
     gsm8k = str(EXAMPLES / "grpo_qwen2.5_0.5b_gsm8k.yaml")
     half = "--trainer.strategy.init_args.num_gpus_per_worker=0.5"
     engine = {"class_path": "unirl_lightning.engines.vllm.VLLMEngineConfig", "init_args": {}}
@@ -315,6 +315,9 @@ def test_engines_packed_on_a_shared_gpu_must_split_it(tmp_path):
     assert [e["key"] for e in errors] == [UTILIZATION[2:]]
     assert "packs 2 vLLM engines on one GPU" in errors[0]["message"]
     assert plan_errors(["--config", gsm8k, half, utilization(0.45)], tmp_path) == []
+    monkeypatch.chdir(tmp_path)
+    code, last = fit_exit(["--config", gsm8k, half, utilization(0.8)], capsys)
+    assert code == 2 and "packs 2 vLLM engines on one GPU" in last, last
 
 
 def test_the_optimizer_offload_frees_the_moments_under_colocate_only():
