@@ -38,6 +38,7 @@ Layout = list[list[tuple[str, tuple[int, ...]]]]  # buckets of (name, shape)
 
 ASYNC_ERROR_HANDLING = "TORCH_NCCL_ASYNC_ERROR_HANDLING"
 POLL_S = 0.05  # how often a push looks at its receivers while a bucket is in flight
+ABANDONED_GROUPS: list[Any] = []  # weight-sync groups dropped by close(): never destroyed on a push's path
 
 
 def _free_port() -> int:
@@ -245,7 +246,7 @@ class CollectiveWeightSync:
         try:
             return ray.get(refs, timeout=self.timeout_s)
         except ray.exceptions.GetTimeoutError as exc:
-            self.close()
+            self._abandon()
             raise RuntimeError(
                 f"collective weight sync: workers did not finish {what} within {self.timeout_s}s"
             ) from exc
@@ -274,7 +275,7 @@ class CollectiveWeightSync:
                 self._watch(work, receive, last=index == len(layout) - 1)
                 work.wait(timeout)
             except RuntimeError as exc:
-                self.close()
+                self._abandon()
                 raise RuntimeError(
                     f"collective weight sync failed or timed out ({self.timeout_s}s) on {where}: {exc}"
                 ) from exc
@@ -300,24 +301,25 @@ class CollectiveWeightSync:
                 return
 
     def close(self) -> None:
-        self._discard()
+        self._group = None
         self._workers_key = None
 
-    def _discard(self) -> None:
-        """Drop the group. One left with a bucket in flight (a push that failed) is aborted and dropped
-        on a daemon thread: its pending operation holds its threads until the operation's own timeout,
-        and the push's error must not wait for that."""
+    def _abandon(self) -> None:
+        """Drop the group after a failed push. It may still have a bucket in flight (a push that failed): its
+        destructor would wait for that operation's own timeout, holding the interpreter, so the group
+        is kept (``ABANDONED_GROUPS``) instead of destroyed; an NCCL group is also aborted, on a daemon
+        thread, which frees its communicator and the operation (what torch's own watchdog does)."""
         group, self._group = self._group, None
+        self._workers_key = None
         if group is None:
             return
+        ABANDONED_GROUPS.append(group)
+        if type(group).__name__ == "ProcessGroupNCCL":
 
-        def drop(group: Any = group) -> None:
-            abort = getattr(group, "abort", None)  # NCCL: frees a communicator with an op pending
-            if callable(abort):
+            def abort(group: Any = group) -> None:
                 try:
-                    abort()
-                except RuntimeError:
+                    group.abort()
+                except (AttributeError, RuntimeError):
                     pass
 
-        threading.Thread(target=drop, name="unirl-weight-group-close", daemon=True).start()
-        del group
+            threading.Thread(target=abort, name="unirl-weight-group-abort", daemon=True).start()
