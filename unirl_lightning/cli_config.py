@@ -24,6 +24,7 @@ from unirl_lightning.preflight import (
     hybrid_engine_error,
     recipe_device_errors,
     renamed_by_transformers,
+    serving_engine,
     sync_replacement_error,
     weight_sync_placement_error,
 )
@@ -232,8 +233,7 @@ def check_combinations(config: Any) -> None:
 def _checkpoint_names_error(config: Any, engine: Any) -> str | None:
     """:func:`~unirl_lightning.preflight.checkpoint_names_error` for a pretrained policy whose config is
     on this machine (a folder, or the hub cache); others are checked when the engine is built."""
-    engine = str(engine.get("class_path") or "") if hasattr(engine, "get") else str(engine)
-    serving = engine.rpartition(".")[2].removesuffix("EngineConfig").lower()
+    serving = serving_engine(engine)
     policy = (
         config.get("model").get("init_args").get("policy") if hasattr(config.get("model"), "get") else None
     )

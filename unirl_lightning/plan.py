@@ -32,12 +32,14 @@ from unirl_lightning.preflight import (
     SHARED_DEVICE_PLACEMENTS,
     chat_template_warning,
     checkpoint_names_error,
+    config_value,
     hybrid_engine_error,
     multi_node_ray_error,
     precision_warning,
     recipe_device_errors,
     renamed_by_transformers,
     resolve_weight_sync_name,
+    serving_engine,
     shared_gpu_memory_error,
     sync_replacement_error,
 )
@@ -99,14 +101,6 @@ class Finding:
     message: str
 
 
-def _get(node: Any, *keys: str, default: Any = None) -> Any:
-    for key in keys:
-        if not isinstance(node, dict):
-            return default
-        node = node.get(key)
-    return default if node is None else node
-
-
 def world_size(trainer: Any, gpus_per_node: int = 0) -> int:
     """The training ranks ``trainer.devices`` x ``trainer.num_nodes`` name (``trainer``: the config's
     trainer section, a dict or a Namespace): a list of devices, a count, or ``-1`` (every GPU of a node:
@@ -127,7 +121,9 @@ def world_size(trainer: Any, gpus_per_node: int = 0) -> int:
 def _prompt_tokens(config: dict[str, Any]) -> int:
     """The prompt tokens per row: the data module's ``max_prompt_length`` (a bound: longer prompts
     are dropped), else :data:`PROMPT_TOKENS_GUESS`."""
-    return int(_get(config, "data", "init_args", "max_prompt_length", default=None) or PROMPT_TOKENS_GUESS)
+    return int(
+        config_value(config, "data", "init_args", "max_prompt_length", default=None) or PROMPT_TOKENS_GUESS
+    )
 
 
 def plan_recipe(config: dict[str, Any], cluster: Cluster, shape: ModelShape | None) -> dict[str, Any]:
@@ -136,8 +132,8 @@ def plan_recipe(config: dict[str, Any], cluster: Cluster, shape: ModelShape | No
     trainer = config.get("trainer") or {}
     strategy = trainer.get("strategy") if isinstance(trainer.get("strategy"), dict) else {}
     rollout = strategy.get("init_args") or {}
-    model = _get(config, "model", "init_args", default={})
-    policy = _get(model, "policy", "init_args", default={})
+    model = config_value(config, "model", "init_args", default={})
+    policy = config_value(model, "policy", "init_args", default={})
     world = world_size(trainer, cluster.gpus)
     per_node = max(1, world // int(trainer.get("num_nodes") or 1))
     sharded = strategy.get("class_path") == FSDP_STRATEGY
@@ -154,7 +150,7 @@ def plan_recipe(config: dict[str, Any], cluster: Cluster, shape: ModelShape | No
         findings.append(Finding("error", "trainer.strategy.init_args.engine", error))
     on_cuda = not cluster.cpu and str(trainer.get("accelerator") or "auto") != "cpu"
     findings.extend(Finding("error", key, message) for key, message in recipe_device_errors(config, on_cuda))
-    serving = engine.rpartition(".")[2].removesuffix("EngineConfig").lower()  # "vllm", "sglang", "hf", ...
+    serving = serving_engine(engine)
     if shape is not None and shape.model_type:
         renamed = renamed_by_transformers(shape.model_type)
         names = checkpoint_names_error(shape.model_type, renamed, serving)
@@ -163,7 +159,9 @@ def plan_recipe(config: dict[str, Any], cluster: Cluster, shape: ModelShape | No
     multi_node = multi_node_ray_error(int(trainer.get("num_nodes") or 1), None)
     if multi_node:  # fit refuses it unless RAY_ADDRESS is set at launch
         findings.append(Finding("warning", "trainer.num_nodes", "at launch: " + multi_node))
-    causal = _get(model, "policy", "class_path") in CAUSAL_LM_SPECS  # the modules that autocast themselves
+    causal = (
+        config_value(model, "policy", "class_path") in CAUSAL_LM_SPECS
+    )  # the modules that autocast themselves
     warning = precision_warning(trainer.get("precision"), policy.get("dtype")) if causal else None
     if warning:
         findings.append(Finding("warning", "trainer.precision", warning))
@@ -253,7 +251,7 @@ def _plan_placement(
             )
         )
     engine = rollout.get("engine")
-    tp = _get(engine, "init_args", "tensor_parallel_size") if isinstance(engine, dict) else None
+    tp = config_value(engine, "init_args", "tensor_parallel_size") if isinstance(engine, dict) else None
     if tp is not None and gpus_per_worker and int(tp) != gpus_per_worker:
         findings.append(
             Finding(
@@ -303,7 +301,7 @@ def _plan_shared_gpu(
 
 
 def _micro_batch_tokens(config: dict[str, Any], rows: int, row_tokens: int) -> int:
-    model = _get(config, "model", "init_args", default={})
+    model = config_value(config, "model", "init_args", default={})
     budget = model.get("micro_batch_tokens")
     cap_rows = model.get("micro_batch_rows")
     tokens = rows * row_tokens
@@ -322,15 +320,15 @@ def _plan_training_memory(
     cluster: Cluster,
     shards: int,
 ) -> None:
-    model = _get(config, "model", "init_args", default={})
-    policy = _get(model, "policy", "init_args", default={})
+    model = config_value(config, "model", "init_args", default={})
+    policy = config_value(model, "policy", "init_args", default={})
     dtype_bytes = DTYPE_BYTES.get(str(policy.get("dtype", "bfloat16")), 2)
     lora = model.get("lora")
-    trainable = shape.lora_params(int(_get(lora, "rank", default=8))) if lora else shape.params
+    trainable = shape.lora_params(int(config_value(lora, "rank", default=8))) if lora else shape.params
     frozen = shape.params if lora else 0
     if float(model.get("kl_coef") or 0) > 0 and not lora:
         frozen += shape.params  # the reference copy
-    batch = int(_get(config, "data", "init_args", "batch_size", default=8))
+    batch = int(config_value(config, "data", "init_args", "batch_size", default=8))
     rows = batch * int(model.get("num_generations") or 8) // max(1, int(model.get("mini_batches") or 1))
     max_new = int(model.get("max_new_tokens") or 16)
     row_tokens = _prompt_tokens(config) + max_new
@@ -394,7 +392,7 @@ def _plan_worker_memory(
     cluster: Cluster,
     world: int,
 ) -> None:
-    rollout = _get(config, "trainer", "strategy", "init_args", default={})
+    rollout = config_value(config, "trainer", "strategy", "init_args", default={})
     engine = rollout.get("engine")
     if not (isinstance(engine, dict) and engine.get("class_path") == VLLM_ENGINE):
         return
@@ -407,8 +405,8 @@ def _plan_worker_memory(
     budget = utilization * cluster.gib * GIB
     kv_budget = budget - weights - ACTIVATION_PROFILE_GIB * GIB
     kv_per_token = 2 * shape.layers * shape.kv_heads * shape.head_dim * 2 / tp
-    model = _get(config, "model", "init_args", default={})
-    batch = int(_get(config, "data", "init_args", "batch_size", default=8))
+    model = config_value(config, "model", "init_args", default={})
+    batch = int(config_value(config, "data", "init_args", "batch_size", default=8))
     sequences = (
         batch
         * int(model.get("num_generations") or 8)

@@ -22,6 +22,7 @@ __all__ = [
     "chat_template_warning",
     "checkpoint_names_error",
     "collective_backend",
+    "config_value",
     "collective_device_error",
     "sleep_level_error",
     "vllm_executor_backend",
@@ -32,6 +33,7 @@ __all__ = [
     "placement_schedule_error",
     "recipe_device_errors",
     "renamed_by_transformers",
+    "serving_engine",
     "shared_gpu_memory_error",
     "precision_warning",
     "resolve_weight_sync_name",
@@ -161,7 +163,7 @@ def hybrid_engine_error(placement: str, engine: str, world_size: int) -> str | N
     on one training rank: vLLM's engine core in a training process would build its parallel state over
     the trainer's process group (and tear it down when it closes), and its worker takes device 0 on
     every rank. Several ranks serve in-process with the HF engine, or with vLLM in Ray workers."""
-    vllm = engine == "vllm" or engine.rpartition(".")[2] == "VLLMEngineConfig"
+    vllm = serving_engine(engine) == "vllm"
     if placement not in IN_PROCESS_PLACEMENTS or not vllm or world_size <= 1:
         return None
     return (
@@ -323,7 +325,15 @@ def checkpoint_names_error(model_type: str, renamed: bool, engine: str) -> str |
     )
 
 
-def _get(node: Any, *keys: str, default: Any = None) -> Any:
+def serving_engine(engine: Any) -> str:
+    """The engine a recipe names, as a short lowercase name: ``"vllm"``, ``"sglang"``, ``"hf"``, ... from
+    a name (``"vllm"``), a config's class path (``...vllm.VLLMEngineConfig``) or a ``class_path`` node."""
+    if not isinstance(engine, str):
+        engine = str(config_value(engine, "class_path", default=""))
+    return engine.rpartition(".")[2].removesuffix("EngineConfig").lower()
+
+
+def config_value(node: Any, *keys: str, default: Any = None) -> Any:
     """``node[k1][k2]...`` of a parsed config (dicts or jsonargparse Namespaces), else ``default``."""
     for key in keys:
         node = node.get(key) if hasattr(node, "get") else None
@@ -337,35 +347,39 @@ def recipe_device_errors(config: Any, trainer_on_cuda: bool) -> list[tuple[str, 
     weight sync's devices (:func:`collective_device_error`) and vLLM's ``sleep_level``
     (:func:`sleep_level_error`). Returns ``(key, message)`` pairs; ``config`` is a parsed fit config
     (dicts or Namespaces); ``trainer_on_cuda``: the training ranks run on GPUs."""
-    rollout = _get(config, "trainer", "strategy", "init_args", default={})
-    placement = str(_get(rollout, "placement", default="separate"))
-    sync = _get(rollout, "weight_sync", default="auto")
+    rollout = config_value(config, "trainer", "strategy", "init_args", default={})
+    placement = str(config_value(rollout, "placement", default="separate"))
+    sync = config_value(rollout, "weight_sync", default="auto")
     kind, backend = (str(sync), "auto") if isinstance(sync, str) else ("other", "auto")
-    if not isinstance(sync, str) and str(_get(sync, "class_path", default="")).endswith(
+    if not isinstance(sync, str) and str(config_value(sync, "class_path", default="")).endswith(
         "CollectiveWeightSync"
     ):
-        kind, backend = "collective", str(_get(sync, "init_args", "backend", default="auto"))
-    gpus = float(_get(rollout, "num_gpus_per_worker", default=0) or 0)
-    actor_gpus = gpus if _get(rollout, "worker_layout", default="actor") == "actor" else 0.0
+        kind, backend = "collective", str(config_value(sync, "init_args", "backend", default="auto"))
+    gpus = float(config_value(rollout, "num_gpus_per_worker", default=0) or 0)
+    actor_gpus = gpus if config_value(rollout, "worker_layout", default="actor") == "actor" else 0.0
     errors = []
     error = collective_device_error(
         placement, kind, backend, "cuda" if trainer_on_cuda else "cpu", actor_gpus
     )
     if error:
         errors.append(("trainer.strategy.init_args.weight_sync", error))
-    engine = _get(rollout, "engine", default="auto")
-    vllm = engine == "vllm" or str(_get(engine, "class_path", default="")).endswith("VLLMEngineConfig")
+    engine = config_value(rollout, "engine", default="auto")
+    vllm = serving_engine(engine) == "vllm"
     if vllm and placement == "separate" and 0 < gpus < 1:  # engines packed on one GPU must split it
-        utilization = 0.5 if isinstance(engine, str) else _get(engine, "init_args", "gpu_memory_utilization")
+        utilization = (
+            0.5 if isinstance(engine, str) else config_value(engine, "init_args", "gpu_memory_utilization")
+        )
         packed = shared_gpu_memory_error(placement, 0, 0, 0, 0, 0, False, gpus, float(utilization or 0.5))
         if packed:
             errors.append(("trainer.strategy.init_args.engine.init_args.gpu_memory_utilization", packed))
-    sleep_level = 1 if isinstance(engine, str) else int(_get(engine, "init_args", "sleep_level", default=1))
+    sleep_level = (
+        1 if isinstance(engine, str) else int(config_value(engine, "init_args", "sleep_level", default=1))
+    )
     every = 1
-    for callback in _get(config, "trainer", "callbacks", default=None) or []:
-        if str(_get(callback, "class_path", default="")).endswith("WeightSyncCallback"):
-            every = int(_get(callback, "init_args", "every_n_steps", default=1) or 1)
-    lora = _get(config, "model", "init_args", "lora", default=None) is not None
+    for callback in config_value(config, "trainer", "callbacks", default=None) or []:
+        if str(config_value(callback, "class_path", default="")).endswith("WeightSyncCallback"):
+            every = int(config_value(callback, "init_args", "every_n_steps", default=1) or 1)
+    lora = config_value(config, "model", "init_args", "lora", default=None) is not None
     error = sleep_level_error(sleep_level, lora, every)
     if error:
         errors.append(("trainer.strategy.init_args.engine.init_args.sleep_level", error))
