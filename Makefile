@@ -39,7 +39,7 @@ install-gpu:
 	touch $(STAMP)
 
 demo: $(STAMP)
-	$(PY) -m unirl_lightning.demo
+	$(VENV)/bin/unirl-lightning demo
 
 # CodeExecutionReward's sandbox, Debian's bubblewrap (bwrap): installed where root and apt-get exist,
 # otherwise a message (the reward then refuses to run and its sandbox tests are skipped). Quiet when

@@ -28,7 +28,7 @@ def run(config: dict[str, Any]) -> dict[str, Any]:
     from lightning.pytorch import Callback, Trainer
 
     from unirl_lightning import AsyncRolloutStrategy, GRPOModule, PromptDataModule
-    from unirl_lightning.models import PretrainedCausalLM
+    from unirl_lightning.models.causal_lm import PretrainedCausalLM
     from unirl_lightning.rewards import MathVerifyReward
 
     steps: list[dict] = []

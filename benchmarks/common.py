@@ -252,7 +252,7 @@ def build_model_dir(
     """Build the random-init tiny Llama (``TinyCausalLM``, seeded) and save model + tokenizer to ``path``."""
     import torch
 
-    from unirl_lightning.models import TinyCausalLM
+    from unirl_lightning.models.causal_lm import TinyCausalLM
 
     model, tokenizer = TinyCausalLM(
         hidden_size=hidden,
@@ -283,7 +283,7 @@ def build_smollm2_dir(path: str | Path, suppress_eos: bool = True) -> dict[str, 
     (fixed lengths)."""
     import torch
 
-    from unirl_lightning.models import PretrainedCausalLM
+    from unirl_lightning.models.causal_lm import PretrainedCausalLM
 
     model, tokenizer = PretrainedCausalLM(name_or_path="smollm2-135m-instruct", dtype="float32").build()
     ends = {tokenizer.eos_token_id, tokenizer.convert_tokens_to_ids("<|endoftext|>")}

@@ -102,7 +102,7 @@ def run(config: dict[str, Any]) -> dict[str, Any]:
     import torch
 
     from unirl_lightning.engines.hf import HFEngineConfig
-    from unirl_lightning.models import PretrainedCausalLM, TinyCausalLM
+    from unirl_lightning.models.causal_lm import PretrainedCausalLM, TinyCausalLM
     from unirl_lightning.weight_sync import named_weights
 
     if config["model"] == "smollm2":
@@ -146,7 +146,7 @@ def run(config: dict[str, Any]) -> dict[str, Any]:
         record["vllm"] = {"skipped": f"vLLM is not installed ({exc}): run with .venv-vllm/bin/python"}
         return record
     from unirl_lightning.engines.vllm import VLLMEngineConfig
-    from unirl_lightning.lora import LoraSpec
+    from unirl_lightning.models.lora import LoraSpec
 
     start = time.perf_counter()
     engine = VLLMEngineConfig().build(policy)

@@ -31,7 +31,7 @@ from lightning.pytorch import Callback, Trainer, seed_everything
 
 from unirl_lightning.callbacks import SampleImageLogger, WeightSyncCallback, WeightVersionLogger
 from unirl_lightning.data import ImagePromptDataModule
-from unirl_lightning.models_diffusion import TinyFlowModel
+from unirl_lightning.models.diffusion import TinyFlowModel
 from unirl_lightning.modules import FlowGRPOModule
 from unirl_lightning.strategy import AsyncRolloutStrategy
 

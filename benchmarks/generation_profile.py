@@ -60,7 +60,7 @@ def run(config: dict[str, Any]) -> dict[str, Any]:
 
     from unirl_lightning.data.tasks import make_task
     from unirl_lightning.engines.hf import HFEngine, HFEngineConfig, StepScorer
-    from unirl_lightning.models import PretrainedCausalLM
+    from unirl_lightning.models.causal_lm import PretrainedCausalLM
     from unirl_lightning.rollout.records import RolloutRequest, SamplingParams
     from unirl_lightning.workers.actor import RolloutWorker
 

@@ -48,9 +48,9 @@ def kept_logits_generate(engine, prompts, sampling, seed):
 def check_hf_generate(record: dict, smoke: Any):
     import torch
 
+    from unirl_lightning.core.seeding import derive_seed
     from unirl_lightning.engines.hf import HFEngine, HFEngineConfig
     from unirl_lightning.rollout.records import SamplingParams
-    from unirl_lightning.seeding import derive_seed
 
     sizes = smoke.sizes
     engine = HFEngine(HFEngineConfig(device=smoke.device.type, num_threads=None), spec(sizes), None)

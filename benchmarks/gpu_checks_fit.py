@@ -26,8 +26,8 @@ def check_hybrid_fit(record: dict, smoke: Any) -> None:
     device, the policy in bf16 (float32 masters, ``precision: 32-true`` so AdamW stays fused). It must
     learn (CUDA, the recipe's 120 steps: the last 20 steps' mean reward at least twice the first 20's) and hold the pin within bf16's
     tolerance; ``ray`` must not be imported."""
-    from unirl_lightning.cli import run_cli
-    from unirl_lightning.tb import read_scalars
+    from unirl_lightning.cli.app import run_cli
+    from unirl_lightning.cli.curves import read_scalars
 
     cuda = smoke.device.type == "cuda"
     steps = 120 if cuda else 6
@@ -101,7 +101,7 @@ class RandomInitCausalLM:
         import torch
         from transformers import AutoConfig, AutoModelForCausalLM
 
-        from unirl_lightning.models import build_char_tokenizer
+        from unirl_lightning.models.causal_lm import build_char_tokenizer
 
         tokenizer = build_char_tokenizer()
         config = AutoConfig.from_pretrained(self.config_dir, **self.overrides)
@@ -159,7 +159,7 @@ def check_real_size(record: dict, smoke: Any) -> None:
     from torch.utils.data import DataLoader
 
     from unirl_lightning.engines.hf import HFEngine, HFEngineConfig
-    from unirl_lightning.plan import Cluster, ModelShape, plan_recipe
+    from unirl_lightning.planning.plan import Cluster, ModelShape, plan_recipe
     from unirl_lightning.rollout.records import SamplingParams
 
     cuda = smoke.device.type == "cuda"
@@ -224,7 +224,7 @@ def check_real_size(record: dict, smoke: Any) -> None:
         {
             "trainer": {"devices": 1, "precision": "32-true"},
             "model": {"init_args": {
-                "policy": {"class_path": "unirl_lightning.models.PretrainedCausalLM",
+                "policy": {"class_path": "unirl_lightning.models.causal_lm.PretrainedCausalLM",
                            "init_args": {"dtype": "bfloat16"}},
                 "num_generations": 8, "max_new_tokens": sizes["new"], "gradient_checkpointing": True,
                 "micro_batch_tokens": sizes["micro_batch_tokens"],

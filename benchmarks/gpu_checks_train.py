@@ -9,7 +9,7 @@ from typing import Any
 
 
 def spec(sizes: dict[str, int]):
-    from unirl_lightning.models import TinyCausalLM
+    from unirl_lightning.models.causal_lm import TinyCausalLM
 
     return TinyCausalLM(
         hidden_size=sizes["hidden"],
@@ -116,7 +116,7 @@ def check_fsdp2_fit(record: dict, smoke: Any) -> None:
     from lightning.pytorch.strategies import ModelParallelStrategy
     from torch.utils.data import DataLoader
 
-    from unirl_lightning.sharding import is_sharded
+    from unirl_lightning.distributed.sharding import is_sharded
 
     module = smoke_module(smoke.sizes, kl_coef=0.05)
     batches = [random_batch(smoke.sizes, module.tokenizer.pad_token_id, seed=s) for s in range(2)]

@@ -26,7 +26,7 @@ from typing import Any
 
 import common
 
-from unirl_lightning.tb import read_scalars
+from unirl_lightning.cli.curves import read_scalars
 
 RECIPE = Path(__file__).resolve().parents[1] / "examples" / "grpo_tiny.yaml"
 MODES = ("quiesce", "interrupt")

@@ -29,7 +29,7 @@ def run(config: dict[str, Any]) -> dict[str, Any]:
     from lightning.pytorch import Callback, Trainer
 
     from unirl_lightning import AsyncRolloutStrategy
-    from unirl_lightning.cli import UniRLCLI
+    from unirl_lightning.cli.app import UniRLCLI
 
     steps: list[dict] = []
 

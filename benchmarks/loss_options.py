@@ -27,7 +27,7 @@ from typing import Any
 import common
 from common import REPO, child_env
 
-from unirl_lightning.tb import read_scalars
+from unirl_lightning.cli.curves import read_scalars
 
 OPTIONS: dict[str, dict[str, str]] = {
     "baseline (PPO-clip, dual-clip 3)": {},

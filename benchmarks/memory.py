@@ -99,7 +99,7 @@ def peak_rss_mb() -> float:
 
 
 def policy(vocab: int, dtype: str):
-    from unirl_lightning.models import TinyCausalLM
+    from unirl_lightning.models.causal_lm import TinyCausalLM
 
     return TinyCausalLM(
         hidden_size=64,

@@ -16,7 +16,7 @@ The figure is the peak resident set size during the step (``VmHWM``, reset just 
 the batch and AdamW's two moments exist (the optimizer is stepped once on zero gradients first: a
 step without gradients allocates no state). So it is what the step adds: the float32 gradients, the
 activations, the logits and what comes with them, which is what the plan's
-:func:`~unirl_lightning.plan.step_peak` estimates; the record has both, and their ratio
+:func:`~unirl_lightning.planning.plan.step_peak` estimates; the record has both, and their ratio
 (``--reestimate`` recomputes the estimates of the recorded peaks after a formula change).
 
 Writes ``benchmarks/results/memory_step.json`` and prints a markdown table.
@@ -53,7 +53,7 @@ def status_mb(key: str) -> float:
 
 
 def policy_spec(model: str, dtype: str) -> Any:
-    from unirl_lightning.models import PretrainedCausalLM, TinyCausalLM
+    from unirl_lightning.models.causal_lm import PretrainedCausalLM, TinyCausalLM
 
     if model == "smollm2":
         return PretrainedCausalLM(name_or_path="smollm2-135m-instruct", dtype=dtype, chat=True)
@@ -61,13 +61,13 @@ def policy_spec(model: str, dtype: str) -> Any:
 
 
 def model_shape(model: str) -> dict[str, Any]:
-    """The plan's :class:`~unirl_lightning.plan.ModelShape` of ``model``, from its config alone."""
+    """The plan's :class:`~unirl_lightning.planning.plan.ModelShape` of ``model``, from its config alone."""
     import dataclasses
 
     from transformers import AutoConfig
 
-    from unirl_lightning.plan import ModelShape
-    from unirl_lightning.prompts import build_char_tokenizer
+    from unirl_lightning.core.prompts import build_char_tokenizer
+    from unirl_lightning.planning.plan import ModelShape
 
     spec = policy_spec(model, "float32")
     if model == "smollm2":
@@ -78,10 +78,10 @@ def model_shape(model: str) -> dict[str, Any]:
 
 
 def estimate(result: dict[str, Any]) -> dict[str, float]:
-    """What the plan says the measured step adds (MiB): :func:`~unirl_lightning.plan.step_estimate` with
+    """What the plan says the measured step adds (MiB): :func:`~unirl_lightning.planning.plan.step_estimate` with
     the float32 gradients of every parameter (full fine-tuning), for ``result``'s model shape, dtype,
     checkpointing and micro-batches."""
-    from unirl_lightning.plan import ModelShape, step_estimate
+    from unirl_lightning.planning.plan import ModelShape, step_estimate
 
     shape = ModelShape(**result["shape"])
     rows = result["micro_batch_rows"] or ROWS

@@ -31,7 +31,7 @@ FIGURES = {
 
 def timeline_gantt(trace_path: Path, out: Path | None = None) -> Path:
     """A run's ``timeline.json`` (Chrome trace) as a Gantt chart PNG (default: ``timeline.png`` beside it)."""
-    from unirl_lightning.timeline import gantt, read_trace
+    from unirl_lightning.core.timeline import gantt, read_trace
 
     trace_path = Path(trace_path)
     out = gantt(

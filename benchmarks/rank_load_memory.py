@@ -52,7 +52,7 @@ def child(config: dict) -> dict[str, Any] | None:
 
     from unirl_lightning.callbacks import WeightSyncCallback, WeightVersionLogger
     from unirl_lightning.data import PromptDataModule
-    from unirl_lightning.models import PretrainedCausalLM
+    from unirl_lightning.models.causal_lm import PretrainedCausalLM
     from unirl_lightning.modules import GRPOModule
     from unirl_lightning.strategy import AsyncRolloutDDPStrategy, AsyncRolloutFSDPStrategy
 

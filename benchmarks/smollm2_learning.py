@@ -95,7 +95,7 @@ def read_scalars(log_dir: Path) -> dict[str, list[tuple[int, float, float]]]:
 
 
 def child_ours(cfg: dict[str, Any]) -> dict[str, Any]:
-    from unirl_lightning.cli import main
+    from unirl_lightning.cli.verbs import main
 
     wall0 = time.time() - (time.perf_counter() - START)  # the process's start on the event clock
     with tempfile.TemporaryDirectory(prefix="smollm2-") as out:

@@ -26,8 +26,8 @@ def child_trl(cfg: dict[str, Any], recipe_args: list[str], start: float) -> dict
     from transformers import TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
 
-    from unirl_lightning.cli import UniRLCLI
-    from unirl_lightning.prompts import render_prompt_text
+    from unirl_lightning.cli.app import UniRLCLI
+    from unirl_lightning.core.prompts import render_prompt_text
     from unirl_lightning.rewards.scoring import score_parts
 
     with tempfile.TemporaryDirectory(prefix="smollm2-trl-") as out:

@@ -48,7 +48,7 @@ def package_modules(profile: cProfile.Profile, package: Path) -> list[str]:
 
 
 def run(config: dict) -> dict:
-    from unirl_lightning.cli import run_cli
+    from unirl_lightning.cli.app import run_cli
 
     profiler = StepProfiler(config["from_step"], config["to_step"])
     folder = tempfile.mkdtemp(prefix="step-modules-")

@@ -76,7 +76,7 @@ def child_push(cfg: dict[str, Any]) -> dict[str, Any]:
     import torch
 
     from unirl_lightning.engines.hf import HFEngineConfig
-    from unirl_lightning.models import PretrainedCausalLM
+    from unirl_lightning.models.causal_lm import PretrainedCausalLM
     from unirl_lightning.weight_sync import ObjectStoreWeightSync
     from unirl_lightning.weight_sync.base import named_weights
     from unirl_lightning.workers import RolloutWorkerGroup, shutdown_ray_if_owned
@@ -122,7 +122,7 @@ def child(cfg: dict[str, Any]) -> dict[str, Any]:
     from unirl_lightning import AsyncRolloutStrategy, GRPOModule, PromptDataModule
     from unirl_lightning.callbacks import RolloutEvalCallback
     from unirl_lightning.engines.hf import HFEngineConfig
-    from unirl_lightning.models import PretrainedCausalLM
+    from unirl_lightning.models.causal_lm import PretrainedCausalLM
 
     wl, profile = WORKLOADS[cfg["workload"]], cfg["profile"]
     timers = Timers(record_function=profile == "torch")

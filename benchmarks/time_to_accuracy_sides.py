@@ -140,7 +140,7 @@ def train_ours(cfg: dict[str, Any], snapshots: Snapshots) -> dict[str, Any]:
 
     from unirl_lightning import AsyncRolloutStrategy, GRPOModule, PromptDataModule
     from unirl_lightning.engines.hf import HFEngineConfig
-    from unirl_lightning.models import PretrainedCausalLM
+    from unirl_lightning.models.causal_lm import PretrainedCausalLM
 
     tokens: list[float] = []
 

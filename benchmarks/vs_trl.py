@@ -115,7 +115,7 @@ def child_ours(cfg: dict[str, Any]) -> dict[str, Any]:
 
     from unirl_lightning import AsyncRolloutStrategy, GRPOModule, PromptDataModule
     from unirl_lightning.engines.hf import HFEngineConfig
-    from unirl_lightning.models import PretrainedCausalLM
+    from unirl_lightning.models.causal_lm import PretrainedCausalLM
 
     class Clock(Callback):
         def __init__(self) -> None:

@@ -92,7 +92,7 @@ def run(config: dict[str, Any]) -> dict[str, Any]:
     import ray
     import torch
 
-    from unirl_lightning.models import PretrainedCausalLM
+    from unirl_lightning.models.causal_lm import PretrainedCausalLM
 
     torch.set_num_threads(1)
     ray.init(num_cpus=4, include_dashboard=False, object_store_memory=2 * 1024**3, log_to_driver=False)

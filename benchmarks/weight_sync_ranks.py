@@ -33,7 +33,7 @@ def child(config: dict) -> dict[str, Any] | None:
     from tests.builders import tiny_module
     from unirl_lightning.callbacks import WeightSyncCallback, WeightVersionLogger
     from unirl_lightning.data import PromptDataModule
-    from unirl_lightning.models import TinyCausalLM
+    from unirl_lightning.models.causal_lm import TinyCausalLM
     from unirl_lightning.strategy import (
         AsyncRolloutDDPStrategy,
         AsyncRolloutFSDPStrategy,

@@ -11,7 +11,7 @@ from lightning.pytorch.loggers import TensorBoardLogger
 
 from unirl_lightning.callbacks import RolloutEvalCallback, WeightSyncCallback, WeightVersionLogger
 from unirl_lightning.data import PromptDataModule
-from unirl_lightning.models import TinyCausalLM
+from unirl_lightning.models.causal_lm import TinyCausalLM
 from unirl_lightning.modules import CausalLMModule, GRPOModule
 from unirl_lightning.rewards import ExactMatchReward
 from unirl_lightning.strategy import AsyncRolloutStrategy

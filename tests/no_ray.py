@@ -1,4 +1,4 @@
-"""Run a command as ``python tests/no_ray.py -m unirl_lightning.cli ...`` (or ``-c CODE``) with ``ray``
+"""Run a command as ``python tests/no_ray.py -m unirl_lightning.cli.app ...`` (or ``-c CODE``) with ``ray``
 unimportable: a meta-path finder refuses ``ray`` and every ``ray.*`` module, as on a machine where Ray
 is not installed. At exit it prints ``RAY_IMPORTS=<n>`` on stderr (the refused attempts)."""
 

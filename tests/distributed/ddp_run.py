@@ -38,8 +38,8 @@ from tests.builders import tiny_module  # noqa: E402
 from tests.distributed.faults import FailingReward  # noqa: E402
 from unirl_lightning.callbacks import WeightSyncCallback, WeightVersionLogger  # noqa: E402
 from unirl_lightning.data import PromptDataModule  # noqa: E402
-from unirl_lightning.lora import LoraSpec  # noqa: E402
-from unirl_lightning.sharding import full_tensor, local_numel  # noqa: E402
+from unirl_lightning.distributed.sharding import full_tensor, local_numel  # noqa: E402
+from unirl_lightning.models.lora import LoraSpec  # noqa: E402
 from unirl_lightning.strategy import AsyncRolloutDDPStrategy, AsyncRolloutFSDPStrategy  # noqa: E402
 
 

@@ -30,8 +30,8 @@ from lightning.pytorch import Callback, Trainer, seed_everything  # noqa: E402
 from tests.builders import tiny_module  # noqa: E402
 from unirl_lightning.callbacks import WeightSyncCallback, WeightVersionLogger  # noqa: E402
 from unirl_lightning.data import PromptDataModule  # noqa: E402
-from unirl_lightning.lora import LoraSpec  # noqa: E402
-from unirl_lightning.sharding import full_tensor  # noqa: E402
+from unirl_lightning.distributed.sharding import full_tensor  # noqa: E402
+from unirl_lightning.models.lora import LoraSpec  # noqa: E402
 from unirl_lightning.strategy import AsyncRolloutDDPStrategy, AsyncRolloutFSDPStrategy  # noqa: E402
 
 
@@ -54,7 +54,7 @@ def module_for(lora: int, kl_coef: float, load_once_per_node: bool = True, smoll
     """The tiny GRPO module, or with ``smollm2_dtype`` SmolLM2-135M-Instruct (tied embedding; by hand)."""
     policy = {}
     if smollm2_dtype:
-        from unirl_lightning.models import PretrainedCausalLM
+        from unirl_lightning.models.causal_lm import PretrainedCausalLM
 
         policy["policy"] = PretrainedCausalLM("smollm2-135m-instruct", dtype=smollm2_dtype, chat=True)
     return tiny_module(

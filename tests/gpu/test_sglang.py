@@ -15,8 +15,8 @@ import pytest
 import torch
 
 from unirl_lightning.engines.sglang import SGLangEngineConfig
-from unirl_lightning.lora import LoraSpec
-from unirl_lightning.models import TinyCausalLM
+from unirl_lightning.models.causal_lm import TinyCausalLM
+from unirl_lightning.models.lora import LoraSpec
 from unirl_lightning.rollout.records import RolloutRequest, SamplingParams
 
 PROMPTS = ["1+2=", "3*4=", "7=", "12-5="]

@@ -29,7 +29,7 @@ def test_hybrid_vllm_on_one_gpu_frees_its_kv_cache_while_training_and_stays_on_p
     from unirl_lightning.callbacks import WeightSyncCallback
     from unirl_lightning.data import PromptDataModule
     from unirl_lightning.engines.vllm import VLLMEngineConfig
-    from unirl_lightning.models import TinyCausalLM
+    from unirl_lightning.models.causal_lm import TinyCausalLM
     from unirl_lightning.modules import GRPOModule
     from unirl_lightning.rewards import ExactMatchReward
     from unirl_lightning.strategy import AsyncRolloutStrategy

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from unirl_lightning.cli import UniRLCLI
+from unirl_lightning.cli.app import UniRLCLI
 
 
 class ParseOnlyCLI(UniRLCLI):

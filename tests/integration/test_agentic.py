@@ -15,15 +15,15 @@ from lightning.pytorch import seed_everything
 from lightning.pytorch.callbacks import ModelCheckpoint
 
 from tests.builders import StepRecorder, count_pushes, make_trainer
+from unirl_lightning.agentic.controller import root_of
 from unirl_lightning.callbacks import RolloutEvalCallback, WeightSyncCallback, WeightVersionLogger
-from unirl_lightning.cli import run_cli
+from unirl_lightning.cli.app import run_cli
+from unirl_lightning.cli.curves import read_scalars
 from unirl_lightning.data import EpisodeDataModule
 from unirl_lightning.envs import EnvStepError
-from unirl_lightning.models import TinyCausalLM
+from unirl_lightning.models.causal_lm import TinyCausalLM
 from unirl_lightning.modules import AgenticGRPOModule
-from unirl_lightning.rollout.agentic import root_of
 from unirl_lightning.strategy import AsyncRolloutStrategy
-from unirl_lightning.tb import read_scalars
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("ray_local")]
 

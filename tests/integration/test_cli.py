@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 from tests.integration.parse_only import ParseOnlyCLI, init_args
-from unirl_lightning.cli import UniRLCLI, run_cli
+from unirl_lightning.cli.app import UniRLCLI, run_cli
 
 RECIPE = Path(__file__).resolve().parents[2] / "examples" / "grpo_tiny.yaml"
 

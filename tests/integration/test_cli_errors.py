@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from unirl_lightning.cli import run_cli
+from unirl_lightning.cli.app import run_cli
 
 RECIPE = str(Path(__file__).resolve().parents[2] / "examples" / "grpo_tiny.yaml")
 
@@ -105,7 +105,7 @@ def test_a_wrong_config_exits_2_with_a_last_line_naming_the_key(
 
 
 def test_the_console_script_lists_every_verb(capsys):
-    from unirl_lightning.cli import main
+    from unirl_lightning.cli.verbs import main
 
     main(["--help"])
     out = capsys.readouterr().out
@@ -119,7 +119,7 @@ def test_every_grpo_setting_has_its_own_text_in_the_modules_help(capsys):
     entry left that the help would show bare)."""
     import re
 
-    from unirl_lightning.cli_errors import _init_keywords
+    from unirl_lightning.cli.errors import _init_keywords
 
     with pytest.raises(SystemExit):
         run_cli(["fit", "--model.help", "GRPOModule"])
@@ -138,7 +138,7 @@ def test_fit_help_ends_with_where_the_rl_settings_are_and_each_named_help_works(
     evaluation; each of them prints that class's settings (exit 0)."""
     import re
 
-    from unirl_lightning.cli import FIT_SETTINGS_HELP
+    from unirl_lightning.cli.app import FIT_SETTINGS_HELP
 
     with pytest.raises(SystemExit) as exit_info:
         run_cli(["fit", "--help"])

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from unirl_lightning.cli import run_cli
+from unirl_lightning.cli.app import run_cli
+from unirl_lightning.cli.curves import read_scalars
 from unirl_lightning.rewards.sandbox import Sandbox, SandboxUnavailableError
-from unirl_lightning.tb import read_scalars
 
 RECIPE = Path(__file__).resolve().parents[2] / "examples" / "grpo_code_tiny.yaml"
 

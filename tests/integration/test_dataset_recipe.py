@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from tests.integration.parse_only import ParseOnlyCLI
-from unirl_lightning.cli import run_cli
+from unirl_lightning.cli.app import run_cli
 
 ROOT = Path(__file__).resolve().parents[2]
 RECIPE = ROOT / "examples" / "grpo_tiny_dataset.yaml"
@@ -90,7 +90,7 @@ def test_the_dataset_recipe_trains_and_logs_each_reward(tmp_path):
     ]  # fmt: skip
     done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=230)
     assert done.returncode == 0, done.stderr[-3000:]
-    from unirl_lightning.tb import read_scalars
+    from unirl_lightning.cli.curves import read_scalars
 
     (run,) = (tmp_path / "runs" / "grpo_tiny_dataset").glob("version_*")
     scalars = read_scalars(run)

@@ -227,7 +227,14 @@ def cli_two_ranks(out: Path, max_steps: int, reward: dict, marker: str) -> subpr
     launcher starts rank 1 from the same command), with ``reward`` and a small model."""
     env = {k: v for k, v in os.environ.items() if k not in LAUNCHER_VARIABLES}
     env.update({"RAY_AUTH_MODE": "token", RUN_MARKER: marker, "PYTHONPATH": str(ROOT)})
-    command = [sys.executable, "-m", "unirl_lightning.cli", "fit", "--config", "examples/grpo_tiny_ddp.yaml"]
+    command = [
+        sys.executable,
+        "-m",
+        "unirl_lightning.cli",
+        "fit",
+        "--config",
+        "examples/grpo_tiny_ddp.yaml",
+    ]
     command += [f"--trainer.logger.init_args.save_dir={out}", f"--trainer.max_steps={max_steps}"]
     command += ["--trainer.enable_progress_bar=false"]
     command += ["--model.init_args.policy.init_args.hidden_size=32", "--model.init_args.num_generations=4"]
@@ -256,7 +263,7 @@ def test_from_the_cli_a_reward_raising_on_rank_1_ends_both_ranks_within_the_abor
 def test_from_the_cli_a_reward_part_only_rank_1_has_is_logged(tmp_path):
     """Rank 1's reward has a part rank 0's lacks: the metric vector is the union of the ranks' keys, so
     the run does not hang and rank 0's TensorBoard file has the part (rank 1's mean) at every step."""
-    from unirl_lightning.tb import read_scalars
+    from unirl_lightning.cli.curves import read_scalars
 
     marker = a_marker()
     done = cli_two_ranks(tmp_path / "runs", 3, {"class_path": "tests.distributed.faults.RankOnePart"}, marker)

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from lightning.pytorch.callbacks import Callback, EarlyStopping
 
-from unirl_lightning.cli import run_cli
+from unirl_lightning.cli.app import run_cli
 
 pytestmark = pytest.mark.usefixtures("ray_local")
 

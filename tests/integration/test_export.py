@@ -13,7 +13,7 @@ import pytest
 import torch
 import yaml
 
-from unirl_lightning.cli import main
+from unirl_lightning.cli.verbs import main
 
 ROOT = Path(__file__).resolve().parents[2]
 RECIPE = ROOT / "examples" / "grpo_tiny.yaml"

@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 
 from tests.builders import fit_tiny, tiny_module
+from unirl_lightning.cli.curves import read_scalars
 from unirl_lightning.strategy import AsyncRolloutStrategy
-from unirl_lightning.tb import read_scalars
 
 pytestmark = pytest.mark.usefixtures("ray_local")
 

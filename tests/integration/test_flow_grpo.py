@@ -22,17 +22,17 @@ from unirl_lightning.callbacks import (
     WeightSyncCallback,
     WeightVersionLogger,
 )
-from unirl_lightning.cli import run_cli
+from unirl_lightning.cli.app import run_cli
+from unirl_lightning.cli.curves import read_scalars
 from unirl_lightning.data import ImagePromptDataModule
 from unirl_lightning.engines.diffusion import DiffusionEngineConfig
-from unirl_lightning.lora import LoraSpec, effective_weights
-from unirl_lightning.models_diffusion import TinyFlowModel
+from unirl_lightning.models.diffusion import TinyFlowModel
+from unirl_lightning.models.lora import LoraSpec, effective_weights
 from unirl_lightning.modules import FlowGRPOModule
 from unirl_lightning.rollout.controller import BatchRolloutController
 from unirl_lightning.rollout.loop import RolloutLoop
-from unirl_lightning.rollout.records import RolloutRequest
+from unirl_lightning.rollout.records import GenerationResult, RolloutRequest
 from unirl_lightning.strategy import AsyncRolloutStrategy
-from unirl_lightning.tb import read_scalars
 from unirl_lightning.weight_sync import CollectiveWeightSync, ObjectStoreWeightSync, named_weights
 from unirl_lightning.weight_sync.base import tensor_bytes
 from unirl_lightning.workers import RolloutWorkerGroup
@@ -198,15 +198,14 @@ def run_recorded_loop(order: str, max_inflight: int, steps: int = 6, sync_every:
         groups = [[FakeRollout(), FakeRollout()] for _ in request.records]
         gen_id = request.gen_id
         job = FakeGenerationHandle(
-            {"groups": groups, "generate_s": 0.01, "score_s": 0.0},
+            GenerationResult(groups, generate_s=0.01),
             on_result=lambda: log.append(("reap", gen_id)),
         )
         log.append(("launch", gen_id))
         jobs.append(job)
         return job
 
-    loop: RolloutLoop
-    controller = BatchRolloutController(launch, complete=lambda g, v, r: loop.complete(g, v, r))
+    controller = BatchRolloutController(launch)
     prompts = [[{"prompt": str(i)}] for i in range(100)]
     loop = RolloutLoop(
         prompts,

@@ -3,12 +3,14 @@ weight-sync equality and the TensorBoard tags."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 
 from tests.builders import count_pushes, fit_tiny, tiny_module
+from unirl_lightning.cli.curves import read_scalars
 from unirl_lightning.strategy import AsyncRolloutStrategy
-from unirl_lightning.tb import histogram_tags, read_scalars
 from unirl_lightning.weight_sync import CollectiveWeightSync, ObjectStoreWeightSync
 
 pytestmark = pytest.mark.usefixtures("ray_local")
@@ -45,6 +47,18 @@ REQUIRED_TAGS = [
     "rollout/truncated_fraction",
     "rollout/worker_restarts",
 ]
+
+
+def histogram_tags(log_dir) -> list[str]:
+    """The histogram tags under ``log_dir``'s TensorBoard event files."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    tags: set[str] = set()
+    for path in Path(log_dir).rglob("events.out.tfevents.*"):
+        acc = EventAccumulator(str(path), size_guidance={"histograms": 0})
+        acc.Reload()
+        tags.update(acc.Tags()["histograms"])
+    return sorted(tags)
 
 
 def assert_workers_equal_trainer(strategy, module):

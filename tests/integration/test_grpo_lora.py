@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from tests.builders import fit_tiny, tiny_module
-from unirl_lightning.lora import LoraSpec, effective_weights
+from unirl_lightning.models.lora import LoraSpec, effective_weights
 from unirl_lightning.strategy import AsyncRolloutStrategy
 
 pytestmark = pytest.mark.usefixtures("ray_local")

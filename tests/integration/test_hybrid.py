@@ -15,8 +15,8 @@ import torch
 
 from tests.builders import count_pushes, fit_tiny, tiny_module
 from tests.unit.real_model import needs_smollm2
+from unirl_lightning.cli.curves import read_scalars
 from unirl_lightning.strategy import AsyncRolloutStrategy
-from unirl_lightning.tb import read_scalars
 from unirl_lightning.weight_sync import InProcessWeightSync
 
 REPO = Path(__file__).resolve().parents[2]
@@ -57,7 +57,7 @@ def test_hybrid_tiny_fit_is_on_policy_shares_the_trainers_tensors_and_eval_never
 
 def test_a_bf16_policy_is_served_from_a_cast_copy_and_stays_on_policy(tmp_path):
     policy_args = dict(hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64, dtype="bfloat16")
-    from unirl_lightning.models import TinyCausalLM
+    from unirl_lightning.models.causal_lm import TinyCausalLM
 
     module = tiny_module(policy=TinyCausalLM(**policy_args))
     strategy = AsyncRolloutStrategy(**HYBRID)
@@ -86,7 +86,7 @@ def test_agentic_modules_refuse_hybrid_naming_placement():
 
 
 def test_the_cli_refuses_a_ray_backend_with_hybrid_at_parse_time(tmp_path, capsys):
-    from unirl_lightning.cli import run_cli
+    from unirl_lightning.cli.app import run_cli
 
     with pytest.raises(SystemExit) as exc:
         run_cli(["--config", str(RECIPE), "--trainer.strategy.init_args.weight_sync=object_store"], run=False)
@@ -96,7 +96,7 @@ def test_the_cli_refuses_a_ray_backend_with_hybrid_at_parse_time(tmp_path, capsy
 
 
 def test_the_cli_refuses_vllm_with_hybrid_on_two_ranks_at_parse_time(capsys):
-    from unirl_lightning.cli import run_cli
+    from unirl_lightning.cli.app import run_cli
 
     args = ["--trainer.devices=2", "--trainer.strategy.init_args.engine=vllm"]
     with pytest.raises(SystemExit) as exc:
@@ -149,7 +149,7 @@ def test_smollm2_hybrid_is_on_policy(tmp_path):
     from tests.builders import StepRecorder, make_trainer
     from unirl_lightning.callbacks import WeightSyncCallback, WeightVersionLogger
     from unirl_lightning.data import PromptDataModule
-    from unirl_lightning.models import PretrainedCausalLM
+    from unirl_lightning.models.causal_lm import PretrainedCausalLM
     from unirl_lightning.modules import GRPOModule
     from unirl_lightning.rewards import MathVerifyReward
 
@@ -186,8 +186,8 @@ def test_the_package_the_modules_the_cli_and_the_hybrid_group_import_with_ray_bl
         os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
     )
     code = (
-        "import unirl_lightning, unirl_lightning.modules, unirl_lightning.callbacks, unirl_lightning.cli, "
-        "unirl_lightning.export, unirl_lightning.plan, unirl_lightning.workers, unirl_lightning.weight_sync\n"
+        "import unirl_lightning, unirl_lightning.modules, unirl_lightning.callbacks, unirl_lightning.cli.app, "
+        "unirl_lightning.models.export, unirl_lightning.planning.plan, unirl_lightning.workers, unirl_lightning.weight_sync\n"
         "from unirl_lightning.workers.factory import worker_group_class\n"
         "worker_group_class('hybrid')\n"
         "from unirl_lightning import AsyncRolloutStrategy, GRPOModule\n"

@@ -21,7 +21,7 @@ SCRIPT = textwrap.dedent(
     import json, os, types
     import ray
     from unirl_lightning.engines.hf import HFEngineConfig
-    from unirl_lightning.models import TinyCausalLM
+    from unirl_lightning.models.causal_lm import TinyCausalLM
     from unirl_lightning.weight_sync.object_store import ObjectStoreWeightSync
     from unirl_lightning.workers.actor import RolloutWorker
 

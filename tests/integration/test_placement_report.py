@@ -15,7 +15,7 @@ import torch
 import unirl_lightning.workers.factory as factory
 from tests.builders import fit_tiny, rollout_settings
 from unirl_lightning.engines.vllm import VLLMEngineConfig
-from unirl_lightning.models import TinyCausalLM
+from unirl_lightning.models.causal_lm import TinyCausalLM
 from unirl_lightning.runtime.base import RolloutRuntime
 from unirl_lightning.strategy import AsyncRolloutStrategy
 
@@ -33,8 +33,10 @@ def test_the_runtime_hands_the_placement_settings_to_the_worker_group(monkeypatc
     asked = {}
 
     class RecordingGroup:
-        def __init__(self, *args, **kwargs):
-            asked.update(kwargs)
+        @classmethod
+        def from_spec(cls, spec):
+            asked.update(vars(spec))
+            return cls()
 
     monkeypatch.setattr(factory, "worker_group_class", lambda placement: RecordingGroup)
     rt = runtime(num_gpus_per_worker=2, worker_resources={"rollout_node": 1}, worker_layout="per_gpu")
@@ -124,7 +126,9 @@ def test_a_placement_that_fails_its_check_fails_before_the_first_push(monkeypatc
     a training GPU fails with the overlap named, and no weight has been pushed (on GPUs a misplaced
     push would fail inside NCCL instead)."""
     monkeypatch.setattr(
-        factory, "worker_group_class", lambda placement: lambda *args, **kwargs: SimpleNamespace()
+        factory,
+        "worker_group_class",
+        lambda placement: SimpleNamespace(from_spec=lambda spec: SimpleNamespace()),
     )
     pushes = []
     rt = runtime()
@@ -148,8 +152,10 @@ def test_reward_workers_start_beside_the_rollout_workers_which_then_score_nothin
     asked, pools = {}, []
 
     class RecordingGroup:
-        def __init__(self, *args, **kwargs):
-            asked.update(kwargs)
+        @classmethod
+        def from_spec(cls, spec):
+            asked.update(vars(spec))
+            return cls()
 
     class RecordingPool:
         def __init__(self, reward, settings, max_restarts):

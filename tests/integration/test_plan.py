@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from unirl_lightning.cli import PlanCLI, run_plan
-from unirl_lightning.cli_plan import header_cluster
-from unirl_lightning.plan import ModelShape, parse_cluster, plan_recipe
-from unirl_lightning.preflight import fused_optimizer_allowed, sync_replacement_error
+from unirl_lightning.cli.app import PlanCLI, run_plan
+from unirl_lightning.cli.plan import header_cluster
+from unirl_lightning.core.preflight import fused_optimizer_allowed, sync_replacement_error
+from unirl_lightning.planning.plan import ModelShape, parse_cluster, plan_recipe
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLES = sorted((REPO / "examples").glob("*.yaml"))
@@ -74,7 +74,7 @@ def test_collective_sync_with_worker_restarts_under_fsdp_fails_naming_max_worker
 
 
 def test_fit_refuses_the_same_combination_at_parse_time_with_the_same_rule():
-    from unirl_lightning.cli import run_cli
+    from unirl_lightning.cli.app import run_cli
 
     with pytest.raises(SystemExit) as exit_info:
         run_cli(["fit", "--config", SEVEN_B, "--trainer.strategy.init_args.max_worker_restarts=3"])
@@ -110,7 +110,7 @@ def test_an_instruct_model_prompted_without_its_chat_template_is_a_warning():
         "model": {
             "init_args": {
                 "policy": {
-                    "class_path": "unirl_lightning.models.PretrainedCausalLM",
+                    "class_path": "unirl_lightning.models.causal_lm.PretrainedCausalLM",
                     "init_args": {"name_or_path": "Qwen/Qwen2.5-0.5B-Instruct", "chat": False},
                 }
             }
@@ -139,7 +139,7 @@ def test_plan_imports_no_ray(tmp_path):
 
 
 def test_plan_builds_nothing(monkeypatch):
-    import unirl_lightning.models as models
+    import unirl_lightning.models.causal_lm as models
 
     def refuse(*args, **kwargs):
         raise AssertionError("plan built a model")

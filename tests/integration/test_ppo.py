@@ -9,9 +9,9 @@ import pytest
 import torch
 
 from tests.builders import fit_tiny, tiny_module
+from unirl_lightning.cli.curves import read_scalars
 from unirl_lightning.modules import PPOModule
 from unirl_lightning.strategy import AsyncRolloutStrategy
-from unirl_lightning.tb import read_scalars
 
 RECIPE = Path(__file__).resolve().parents[2] / "examples" / "ppo_tiny.yaml"
 STEPS = 80
@@ -122,7 +122,7 @@ def test_bad_arguments_raise_naming_the_argument_and_value(key, value, allowed):
 
 
 def test_recipe_parses_into_a_ppo_module(tmp_path):
-    from unirl_lightning.cli import run_cli
+    from unirl_lightning.cli.app import run_cli
 
     cli = run_cli(["--config", str(RECIPE), f"--trainer.default_root_dir={tmp_path}"], run=False)
     assert type(cli.model) is PPOModule

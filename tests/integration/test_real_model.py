@@ -10,10 +10,10 @@ import pytest
 from tests.builders import StepRecorder, make_trainer
 from tests.unit.real_model import needs_smollm2
 from unirl_lightning.callbacks import WeightSyncCallback, WeightVersionLogger
+from unirl_lightning.core.prompts import render_prompt
 from unirl_lightning.data import PromptDataModule
-from unirl_lightning.models import PretrainedCausalLM
+from unirl_lightning.models.causal_lm import PretrainedCausalLM
 from unirl_lightning.modules import GRPOModule
-from unirl_lightning.prompts import render_prompt
 from unirl_lightning.rewards import CombinedReward, FormatReward, MathVerifyReward
 from unirl_lightning.rollout.records import SamplingParams
 from unirl_lightning.strategy import AsyncRolloutStrategy

@@ -10,7 +10,7 @@ import warnings
 
 import pytest
 
-from unirl_lightning.cli import ExportCLI, run_cli
+from unirl_lightning.cli.app import ExportCLI, run_cli
 
 TINY = [
     "--config",

@@ -19,7 +19,7 @@ import torch
 
 from tests.builders import count_pushes, fit_tiny, tiny_module
 from unirl_lightning.engines.hf import HFEngineConfig
-from unirl_lightning.models import TinyCausalLM
+from unirl_lightning.models.causal_lm import TinyCausalLM
 from unirl_lightning.rewards import CombinedReward, ExactMatchReward, Reward, RewardModelReward, score_parts
 from unirl_lightning.rewards.reward_model import build_tiny_reward_model
 from unirl_lightning.rollout.records import RolloutRequest, SamplingParams
@@ -89,16 +89,16 @@ def test_a_reward_worker_scores_what_the_rollout_worker_generated_while_it_gener
         first, second = group.generate(request(0)), group.generate(request(1))
         results = [first.result(), second.result()]
         # the rollout worker's 2nd generation began before the reward worker had scored the 1st
-        assert results[1]["spans"][0]["start"] < results[0]["score_spans"][0]["end"]
-        assert results[0]["score_spans"][0]["end"] <= results[1]["score_spans"][0]["start"]  # one at a time
+        assert results[1].spans[0]["start"] < results[0].score_spans[0]["end"]
+        assert results[0].score_spans[0]["end"] <= results[1].score_spans[0]["start"]  # one at a time
         for result in results:
-            rollouts = [r for g in result["groups"] for r in g]
+            rollouts = [r for g in result.groups for r in g]
             texts = [r.text for r in rollouts]
-            records = [rec for g, rec in zip(result["groups"], RECORDS) for _ in g]
+            records = [rec for g, rec in zip(result.groups, RECORDS) for _ in g]
             totals, parts = score_parts(slow, texts, records)  # the same reward, here in the test
             assert [r.reward for r in rollouts] == pytest.approx(totals, abs=1e-6)
             assert [r.reward_parts["rm"] for r in rollouts] == pytest.approx(parts["rm"], abs=1e-6)
-            assert result["score_s"] >= 1.5
+            assert result.score_s >= 1.5
         assert pool.call("run", model_digest) == [saved_digest(reward_model_dir)]
     finally:
         group.shutdown()
@@ -119,8 +119,8 @@ def test_a_dead_reward_worker_is_replaced_and_the_result_scored_without_generati
         ray.kill(doomed, no_restart=True)
         result = call.result()
         assert pool.restarts == 1 and pool.workers[0] is not doomed and group.restarts == 0
-        assert [r.reward for g in result["groups"] for r in g] == [
-            float(len(r.text)) for g in result["groups"] for r in g
+        assert [r.reward for g in result.groups for r in g] == [
+            float(len(r.text)) for g in result.groups for r in g
         ]
     finally:
         group.shutdown()
@@ -188,7 +188,7 @@ def test_the_reward_model_recipe_runs_from_the_cli_with_its_reward_worker(tmp_pa
     (run,) = (tmp_path / "runs" / "grpo_tiny_reward_model").glob("version_*")
     saved = json.loads((run / "placement.json").read_text())
     assert len(saved["reward_workers"]) == 1 and saved["overlaps"] == []
-    from unirl_lightning.tb import read_scalars
+    from unirl_lightning.cli.curves import read_scalars
 
     scalars = read_scalars(run)
     for key in ("rollout/reward/reward_model_mean", "rollout/reward/math_verify_mean"):

@@ -13,10 +13,10 @@ from lightning.pytorch.loggers import TensorBoardLogger
 
 from tests.builders import StepRecorder, tiny_module
 from unirl_lightning.callbacks import RLProgressBar
+from unirl_lightning.cli.curves import read_scalars
 from unirl_lightning.data import PromptDataModule
 from unirl_lightning.modules.schedule import lr_factor
 from unirl_lightning.strategy import AsyncRolloutStrategy
-from unirl_lightning.tb import read_scalars
 
 
 class BarPosition(Callback):

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from tests.builders import fit_tiny
+from unirl_lightning.core.timeline import gantt, read_trace, spans_of
 from unirl_lightning.strategy import AsyncRolloutStrategy
-from unirl_lightning.timeline import gantt, read_trace, spans_of
 
 pytestmark = pytest.mark.usefixtures("ray_local")
 

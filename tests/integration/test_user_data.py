@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from unirl_lightning.cli import main, run_cli
+from unirl_lightning.cli.app import run_cli
+from unirl_lightning.cli.verbs import main
 
 RECIPE = str(Path(__file__).resolve().parents[2] / "examples" / "grpo_tiny.yaml")
 
@@ -83,5 +84,5 @@ def test_an_unknown_verb_lists_every_verb(capsys):
         main(["fitt", "--config", RECIPE])
     assert exit_info.value.code == 2
     usage, last = capsys.readouterr().err.strip().splitlines()[-2:]
-    assert usage.startswith("usage: unirl-lightning {fit,plan,validate,export,test,predict}")
+    assert usage.startswith("usage: unirl-lightning {fit,plan,validate,export,demo,test,predict}")
     assert last.endswith("did you mean 'fit'?"), last

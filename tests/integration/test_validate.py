@@ -201,8 +201,8 @@ def test_validate_under_fsdp_two_ranks_serves_the_checkpoints_weights(tmp_path):
     import yaml
 
     from tests.integration.test_export import ROOT
-    from unirl_lightning.export import load_policy_checkpoint
-    from unirl_lightning.models import TinyCausalLM
+    from unirl_lightning.models.causal_lm import TinyCausalLM
+    from unirl_lightning.models.export import load_policy_checkpoint
     from unirl_lightning.modules import GRPOModule
 
     config = yaml.safe_load((ROOT / "examples" / "grpo_tiny_fsdp.yaml").read_text())

@@ -11,8 +11,8 @@ import pytest
 from lightning.pytorch import Callback
 
 from tests.builders import fit_tiny
+from unirl_lightning.cli.curves import read_scalars
 from unirl_lightning.strategy import AsyncRolloutStrategy
-from unirl_lightning.tb import read_scalars
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("ray_local")]
 

@@ -9,7 +9,7 @@ import os
 import pytest
 
 from unirl_lightning.engines.hf import HFEngineConfig
-from unirl_lightning.models import TinyCausalLM
+from unirl_lightning.models.causal_lm import TinyCausalLM
 from unirl_lightning.rewards import ExactMatchReward
 from unirl_lightning.runtime import RewardWorkers
 from unirl_lightning.workers.cluster import worker_runtime_env

@@ -42,7 +42,7 @@ UPDATES = 3
 
 
 def recipe(tmp_path, monkeypatch):
-    from unirl_lightning.cli import UniRLCLI
+    from unirl_lightning.cli.app import UniRLCLI
 
     monkeypatch.chdir(tmp_path)  # the parsed logger and checkpoint folders land here, unused
     # TRL has no dual-clip: with the recipe's clip_ratio_c=3.0 a token whose ratio passed 3 under a

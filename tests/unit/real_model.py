@@ -8,7 +8,8 @@ import importlib.util
 
 import pytest
 
-from unirl_lightning.models import REAL_MODEL_EXTRA, PretrainedCausalLM, smollm2_gguf_path
+from unirl_lightning.models.causal_lm import PretrainedCausalLM
+from unirl_lightning.models.gguf import REAL_MODEL_EXTRA, smollm2_gguf_path
 
 
 def _missing_reason() -> str | None:

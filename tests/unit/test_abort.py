@@ -9,7 +9,7 @@ from datetime import timedelta
 
 import torch.distributed as dist
 
-from unirl_lightning.abort import CrossRankAbort
+from unirl_lightning.distributed.abort import CrossRankAbort
 
 
 def two_ranks(silence_s: float = 30.0):

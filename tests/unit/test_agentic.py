@@ -1,4 +1,4 @@
-"""Pins the contract of ``unirl_lightning.rollout.agentic`` against a small fake coordinator."""
+"""Pins the contract of ``unirl_lightning.agentic.controller`` against a small fake coordinator."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from unirl_lightning.rollout.agentic import AgenticRolloutController, SiblingAssembler, root_of
+from unirl_lightning.agentic.controller import AgenticRolloutController, SiblingAssembler, root_of
 from unirl_lightning.rollout.controller import StampedGroup
 
 

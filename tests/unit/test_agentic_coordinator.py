@@ -19,7 +19,7 @@ from unirl_lightning.envs.coordinator import (
     turn_closing_ids,
     turn_seed,
 )
-from unirl_lightning.models import build_char_tokenizer
+from unirl_lightning.models.causal_lm import build_char_tokenizer
 from unirl_lightning.rollout.records import SamplingParams
 
 TOKENIZER = build_char_tokenizer()

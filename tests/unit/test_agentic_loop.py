@@ -9,8 +9,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from unirl_lightning.rollout.agentic import AgenticRolloutController, root_of
-from unirl_lightning.rollout.agentic_loop import AgenticRolloutLoop
+from unirl_lightning.agentic.controller import AgenticRolloutController, root_of
+from unirl_lightning.agentic.loop import AgenticRolloutLoop
 from unirl_lightning.rollout.records import AgenticRollout
 
 
@@ -294,7 +294,7 @@ def test_without_max_turn_staleness_nothing_changes_and_the_turn_staleness_is_st
 
 def test_the_agentic_module_carries_the_new_settings_on_its_rollout_spec_and_checks_them():
     from unirl_lightning.envs.coordinator import EpisodeSettings
-    from unirl_lightning.models import TinyCausalLM
+    from unirl_lightning.models.causal_lm import TinyCausalLM
     from unirl_lightning.modules import AgenticGRPOModule
 
     env = "unirl_lightning.envs:GuessingGameEnv"

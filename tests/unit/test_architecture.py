@@ -132,7 +132,7 @@ LAYERS: list[tuple[str, ...]] = read_layers(DOC.read_text())
 
 
 def test_the_table_has_every_floor_and_the_package_itself():
-    assert len(LAYERS) == 15 and "" in LAYERS[-1] and "preflight" in LAYERS[0]
+    assert len(LAYERS) == 17 and "" in LAYERS[-1] and LAYERS[0] == ("core",)
     assert read_layers("| 1 | `a`, `b.c` | x | y |\n| 2 | `d`, `(package)` | x | y |") == [
         ("a", "b.c"),
         ("d", ""),
@@ -170,12 +170,12 @@ def test_the_floor_check_flags_the_edges_it_exists_for():
     importing a serving engine, and the environments importing a rollout module above them."""
     graph = {
         "unirl_lightning.weight_sync.object_store": {"unirl_lightning.engines.serving"},
-        "unirl_lightning.envs.coordinator": {"unirl_lightning.rollout.agentic_loop"},
+        "unirl_lightning.envs.coordinator": {"unirl_lightning.agentic.loop"},
         "unirl_lightning.engines.vllm": {"unirl_lightning.weight_sync.collective"},
     }
     assert upward_imports(graph) == [
-        "unirl_lightning.envs.coordinator (floor 5) -> unirl_lightning.rollout.agentic_loop (floor 6)",
-        "unirl_lightning.weight_sync.object_store (floor 8) -> unirl_lightning.engines.serving (floor 9)",
+        "unirl_lightning.envs.coordinator (floor 6) -> unirl_lightning.agentic.loop (floor 7)",
+        "unirl_lightning.weight_sync.object_store (floor 9) -> unirl_lightning.engines.serving (floor 10)",
     ]
 
 
@@ -185,7 +185,7 @@ def test_the_records_and_the_coordinator_import_without_torch():
 
     code = (
         "import sys\n"
-        "import unirl_lightning.rollout.records, unirl_lightning.envs.coordinator, unirl_lightning.seeding\n"
+        "import unirl_lightning.rollout.records, unirl_lightning.envs.coordinator, unirl_lightning.core.seeding\n"
         "assert 'torch' not in sys.modules, sorted(m for m in sys.modules if m.startswith('torch'))[:3]\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True)

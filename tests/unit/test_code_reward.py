@@ -155,7 +155,7 @@ def test_the_helpers():
 
 def test_the_builtin_code_task_is_solved_by_its_answers_in_the_tiny_vocabulary():
     from unirl_lightning.data import make_task
-    from unirl_lightning.models import CHAR_VOCAB
+    from unirl_lightning.models.causal_lm import CHAR_VOCAB
 
     records = make_task("python_functions", num_prompts=6, seed=3)
     reward = CodeExecutionReward(prefix_key="prompt", timeout_s=10)

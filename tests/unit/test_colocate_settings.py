@@ -10,7 +10,7 @@ import torch
 
 from tests.builders import rollout_settings
 from unirl_lightning.engines.vllm import VLLMEngine, VLLMEngineConfig
-from unirl_lightning.models import TinyCausalLM
+from unirl_lightning.models.causal_lm import TinyCausalLM
 from unirl_lightning.runtime.base import RolloutRuntime, optimizers_to_device, optimizers_to_host
 
 COLOCATE = {"placement": "colocate", "max_staleness": 0, "max_inflight": 1}

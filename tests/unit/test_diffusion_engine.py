@@ -13,8 +13,8 @@ import torch
 
 from unirl_lightning.algorithms import sde_step
 from unirl_lightning.engines.diffusion import DiffusionEngineConfig
-from unirl_lightning.lora import LoraSpec
-from unirl_lightning.models_diffusion import TinyFlowModel, guided_velocity
+from unirl_lightning.models.diffusion import TinyFlowModel, guided_velocity
+from unirl_lightning.models.lora import LoraSpec
 from unirl_lightning.modules import FlowGRPOModule
 from unirl_lightning.rewards import RewardError
 from unirl_lightning.rewards.image import CallableImageReward, TargetColorReward
@@ -153,7 +153,7 @@ def test_the_worker_scores_each_rollouts_image_and_a_bad_reward_shape_fails_nami
     result = RolloutWorker(config, RANDOM_TINY, None, reward).generate(
         request([{"prompt": ""}], n=4, num_steps=3)
     )
-    group = result["groups"][0]
+    group = result.groups[0]
     assert [r.reward for r in group] == pytest.approx(reward([r.image for r in group], [{}] * 4))
     with pytest.raises(
         RewardError, match=r"'bad_shape' returned .* of shape \(4, 1, 2\); expected shape \(4,\)"

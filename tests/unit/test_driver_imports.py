@@ -21,8 +21,8 @@ DRIVER_MODULES = [
     "unirl_lightning.rollout.controller",
     "unirl_lightning.rollout.interrupts",
     "unirl_lightning.rollout.loop",
-    "unirl_lightning.rollout.agentic",
-    "unirl_lightning.rollout.agentic_loop",
+    "unirl_lightning.agentic.controller",
+    "unirl_lightning.agentic.loop",
 ]
 HEAVY_PACKAGES = ["torch", "ray"]
 

@@ -9,7 +9,7 @@ from unirl_lightning.engines import resolve_engine
 from unirl_lightning.engines.base import make_group, trim_at_stop
 from unirl_lightning.engines.diffusion import DiffusionEngineConfig
 from unirl_lightning.engines.hf import HFEngineConfig
-from unirl_lightning.models import build_char_tokenizer
+from unirl_lightning.models.causal_lm import build_char_tokenizer
 from unirl_lightning.rollout.records import RolloutRequest
 from unirl_lightning.strategy import AsyncRolloutStrategy
 

@@ -19,7 +19,7 @@ from unirl_lightning.envs import (
     safe_step,
 )
 from unirl_lightning.envs.calculator import CALCULATOR_INSTRUCTIONS, format_number
-from unirl_lightning.models import CHAR_VOCAB
+from unirl_lightning.models.causal_lm import CHAR_VOCAB
 from unirl_lightning.rewards import ExactMatchReward
 
 RECORD = {"prompt": "What is 37*12+5?", "answer": "449"}

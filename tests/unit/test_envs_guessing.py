@@ -8,7 +8,7 @@ import pytest
 
 from unirl_lightning.envs import GuessingGameEnv, guessing_records, parse_guess, run_episode
 from unirl_lightning.envs.guessing import EXAMPLE_GAME, guessing_prompt
-from unirl_lightning.models import CHAR_VOCAB
+from unirl_lightning.models.causal_lm import CHAR_VOCAB
 
 
 def game(secret: int, low: int = 0, high: int = 9, syntax: str = "compact") -> dict:

@@ -10,9 +10,14 @@ from pathlib import Path
 import pytest
 import torch
 
-from unirl_lightning.export import SHARDED_METADATA, export_checkpoint, export_policy, load_policy_checkpoint
-from unirl_lightning.lora import LoraSpec, effective_weights
-from unirl_lightning.models import PretrainedCausalLM, TinyCausalLM
+from unirl_lightning.models.causal_lm import PretrainedCausalLM, TinyCausalLM
+from unirl_lightning.models.export import (
+    SHARDED_METADATA,
+    export_checkpoint,
+    export_policy,
+    load_policy_checkpoint,
+)
+from unirl_lightning.models.lora import LoraSpec, effective_weights
 
 PROMPTS = ["1+2=", "3*4=", "7=", "12-5="]
 TINY = dict(hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64)
@@ -135,7 +140,7 @@ def test_flow_grpo_exports_the_denoiser_in_the_diffusers_layout(tmp_path):
     from diffusers import FlowMatchEulerDiscreteScheduler, SD3Transformer2DModel
     from peft import PeftModel
 
-    from unirl_lightning.models_diffusion import TinyFlowModel
+    from unirl_lightning.models.diffusion import TinyFlowModel
     from unirl_lightning.modules import FlowGRPOModule
 
     spec = TinyFlowModel(pretrain_steps=0)
@@ -223,7 +228,7 @@ def _sharded_rank(rank: int, folder: str, lora_rank: int) -> None:
     from torch.distributed.device_mesh import init_device_mesh
 
     from unirl_lightning.callbacks import ExportOnTrainEnd
-    from unirl_lightning.sharding import is_sharded, shard_children
+    from unirl_lightning.distributed.sharding import is_sharded, shard_children
 
     torch.set_num_threads(1)
     # a file store, not a TCP one: no port to race for, and no store server living in rank 0 that

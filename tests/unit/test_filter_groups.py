@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from tests.fakes import FakeGenerationHandle
 from tests.unit.test_loop import batches, make_loop
 from unirl_lightning.rollout.loop import zero_variance
-from unirl_lightning.rollout.records import Rollout
+from unirl_lightning.rollout.records import GenerationResult, Rollout
 
 
 def rollout(prompt, reward):
@@ -36,7 +36,7 @@ def varying_engine(is_flat, delays=None, produced=None):
             groups.append([rollout(record["prompt"], r) for r in rewards])
         if produced is not None:
             produced[request.gen_id] = sum(zero_variance(g) for g in groups)
-        value = {"groups": groups, "generate_s": 0.01, "score_s": 0.0}
+        value = GenerationResult(groups, generate_s=0.01)
         delay = None if delays is None else delays[request.gen_id % len(delays)]
         return FakeGenerationHandle(value, ready=delays is None, delay=delay)
 

@@ -13,13 +13,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from unirl_lightning.cli import run_cli, run_plan
+from unirl_lightning.cli.app import run_cli, run_plan
+from unirl_lightning.core.preflight import collective_backend, collective_device_error, sleep_level_error
 from unirl_lightning.engines.serving import ServedPolicy, check_checkpoint_names
 from unirl_lightning.engines.sglang import SGLangEngineConfig, sglang_engine_kwargs
 from unirl_lightning.engines.vllm import VLLMEngine, VLLMEngineConfig
-from unirl_lightning.lora import LoraSpec
-from unirl_lightning.models import TinyCausalLM
-from unirl_lightning.preflight import collective_backend, collective_device_error, sleep_level_error
+from unirl_lightning.models.causal_lm import TinyCausalLM
+from unirl_lightning.models.lora import LoraSpec
 from unirl_lightning.strategy import AsyncRolloutStrategy
 from unirl_lightning.weight_sync import CollectiveWeightSync
 
@@ -321,7 +321,7 @@ def test_engines_packed_on_a_shared_gpu_must_split_it(tmp_path, capsys, monkeypa
 
 
 def test_the_optimizer_offload_frees_the_moments_under_colocate_only():
-    from unirl_lightning.preflight import shared_gpu_memory_error
+    from unirl_lightning.core.preflight import shared_gpu_memory_error
 
     sizes = dict(
         gpu_gib=80, engine_gib=60, masters_gib=10, frozen_gib=0, moments_gib=20, num_gpus_per_worker=1

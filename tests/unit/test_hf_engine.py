@@ -5,11 +5,11 @@ from __future__ import annotations
 import pytest
 import torch
 
+from unirl_lightning.core.seeding import derive_seed
 from unirl_lightning.engines.hf import HFEngine, HFEngineConfig, StepScorer
-from unirl_lightning.lora import LoraSpec, unwrapped
-from unirl_lightning.models import TinyCausalLM
+from unirl_lightning.models.causal_lm import TinyCausalLM
+from unirl_lightning.models.lora import LoraSpec, unwrapped
 from unirl_lightning.rollout.records import SamplingParams
-from unirl_lightning.seeding import derive_seed
 
 POLICY = TinyCausalLM(hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64)
 PROMPTS = [[3, 4, 5], [6, 7], [8, 9, 10, 11, 12]]

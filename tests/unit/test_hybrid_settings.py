@@ -11,9 +11,9 @@ import pytest
 import torch
 
 from tests.builders import rollout_settings
+from unirl_lightning.core.preflight import resolve_weight_sync_name, weight_sync_placement_error
 from unirl_lightning.engines.hf import HFEngineConfig
-from unirl_lightning.models import TinyCausalLM
-from unirl_lightning.preflight import resolve_weight_sync_name, weight_sync_placement_error
+from unirl_lightning.models.causal_lm import TinyCausalLM
 from unirl_lightning.rewards import ExactMatchReward
 from unirl_lightning.rollout.records import RolloutRequest, SamplingParams
 from unirl_lightning.weight_sync import InProcessWeightSync, ObjectStoreWeightSync, resolve_weight_sync
@@ -134,12 +134,12 @@ def test_generation_is_ready_at_once_scored_in_process_and_leaves_the_trainers_r
     assert torch.equal(torch.rand(3), expected), "generation moved the trainer's random stream"
     assert handle.ready()
     result = handle.result()
-    assert [len(g) for g in result["groups"]] == [3, 3]
-    assert all(r.reward in (0.0, 1.0) for g in result["groups"] for r in g)
-    assert result["spans"][0]["samples"] == 6 and result["generate_s"] > 0
-    again = workers.generate(request).result()["groups"]  # same seed, same samples
+    assert [len(g) for g in result.groups] == [3, 3]
+    assert all(r.reward in (0.0, 1.0) for g in result.groups for r in g)
+    assert result.spans[0]["samples"] == 6 and result.generate_s > 0
+    again = workers.generate(request).result().groups  # same seed, same samples
     assert [r.completion_ids for g in again for r in g] == [
-        r.completion_ids for g in result["groups"] for r in g
+        r.completion_ids for g in result.groups for r in g
     ]
     assert workers.call("weight_version") == [0]
     assert workers.call("placement_info")[0]["in_process"] is True
@@ -209,10 +209,10 @@ def test_vllm_in_process_sets_the_multiprocessing_variable_and_refuses_another_v
 
 
 def test_vllm_under_hybrid_is_refused_on_several_ranks_naming_placement_and_engine():
+    from unirl_lightning.core.preflight import hybrid_engine_error
     from unirl_lightning.engines import engine_name
     from unirl_lightning.engines.vllm import VLLMEngineConfig
-    from unirl_lightning.plan import parse_cluster, plan_recipe
-    from unirl_lightning.preflight import hybrid_engine_error
+    from unirl_lightning.planning.plan import parse_cluster, plan_recipe
     from unirl_lightning.strategy import AsyncRolloutStrategy
 
     class MyVLLM(VLLMEngineConfig):

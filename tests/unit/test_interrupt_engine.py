@@ -8,7 +8,7 @@ import torch
 
 from unirl_lightning.engines.base import generate_chunk
 from unirl_lightning.engines.hf import HFEngine, HFEngineConfig
-from unirl_lightning.models import TinyCausalLM
+from unirl_lightning.models.causal_lm import TinyCausalLM
 from unirl_lightning.rollout.records import PartialRow, RolloutRequest, SamplingParams
 
 POLICY = TinyCausalLM(hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64)

@@ -27,7 +27,7 @@ from typing import Any
 from unirl_lightning.rollout.controller import BatchRolloutController
 from unirl_lightning.rollout.interrupts import ChunkedGeneration
 from unirl_lightning.rollout.loop import token_version_stats
-from unirl_lightning.rollout.records import Rollout, RolloutRequest, SamplingParams
+from unirl_lightning.rollout.records import GenerationResult, Rollout, RolloutRequest, SamplingParams
 
 SEEDS = range(300)
 OPERATIONS = 160
@@ -121,7 +121,7 @@ class SimEngine:
                     )
                 )
             groups.append(group)
-        return {"groups": groups, "generate_s": 0.0, "score_s": 0.0, "spans": []}
+        return GenerationResult(groups)
 
 
 def run_schedule(seed: int) -> dict[str, Any]:
@@ -133,8 +133,8 @@ def run_schedule(seed: int) -> dict[str, Any]:
     violations = engine.violations
     samples: dict[int, set[tuple[int, int, int]]] = {}  # gen_id -> its samples
 
-    def complete(gen_id: int, weight_version: int, result: dict[str, Any]) -> list[Any]:
-        return result["groups"]
+    def complete(gen_id: int, weight_version: int, result: GenerationResult) -> list[Any]:
+        return result.groups
 
     controller = BatchRolloutController(
         lambda request: ChunkedGeneration(engine.launch, request, rng.randint(1, 5)),
@@ -289,7 +289,7 @@ def test_a_sample_spans_versions_and_each_token_keeps_its_own() -> None:
     engine = SimEngine(random.Random(0), 0)
     engine.targets = {(0, 0, 0): MAX_NEW_TOKENS, (0, 0, 1): 2}
     controller = BatchRolloutController(
-        lambda request: ChunkedGeneration(engine.launch, request, 4), complete=lambda g, v, r: r["groups"]
+        lambda request: ChunkedGeneration(engine.launch, request, 4), complete=lambda g, v, r: r.groups
     )
     controller.submit(
         RolloutRequest([{"prompt": "", "index": 0}], 2, SamplingParams(max_new_tokens=12), gen_id=0)
@@ -315,7 +315,7 @@ def test_a_suspended_job_over_the_bound_is_dropped_not_resumed() -> None:
     engine = SimEngine(random.Random(0), 0)
     engine.targets = {(0, 0, 0): MAX_NEW_TOKENS}
     controller = BatchRolloutController(
-        lambda request: ChunkedGeneration(engine.launch, request, 4), complete=lambda g, v, r: r["groups"]
+        lambda request: ChunkedGeneration(engine.launch, request, 4), complete=lambda g, v, r: r.groups
     )
     controller.submit(
         RolloutRequest([{"prompt": "", "index": 0}], 1, SamplingParams(max_new_tokens=12), gen_id=0)
@@ -331,7 +331,7 @@ def test_interrupt_needs_placement_separate_and_the_message_names_both_keys() ->
     import pytest
 
     from tests.builders import rollout_settings
-    from unirl_lightning.preflight import interrupt_placement_error
+    from unirl_lightning.core.preflight import interrupt_placement_error
 
     assert interrupt_placement_error("interrupt", "separate") is None
     assert interrupt_placement_error("quiesce", "colocate") is None

@@ -11,7 +11,7 @@ from tests.fakes import FakeGenerationHandle
 from unirl_lightning.rollout.batches import ExperienceBatch
 from unirl_lightning.rollout.controller import BatchRolloutController
 from unirl_lightning.rollout.loop import DeferredBatch, RolloutLoop
-from unirl_lightning.rollout.records import Rollout, RolloutRequest, SamplingParams
+from unirl_lightning.rollout.records import GenerationResult, Rollout, RolloutRequest, SamplingParams
 
 
 def fake_generate(request):
@@ -29,7 +29,7 @@ def fake_generate(request):
         ]
         for r in request.records
     ]
-    return FakeGenerationHandle({"groups": groups, "generate_s": 0.01, "score_s": 0.0}, ready=True)
+    return FakeGenerationHandle(GenerationResult(groups, generate_s=0.01), ready=True)
 
 
 def build_request(records, gen_id):
@@ -50,10 +50,7 @@ def make_loop(
             launched.append((request.gen_id, ctl.weight_version))
         return generate(request)
 
-    holder = {}
-    ctl = BatchRolloutController(
-        launch, complete=lambda g, v, res: holder["loop"].complete(g, v, res), start_gen_id=start_gen_id
-    )
+    ctl = BatchRolloutController(launch, start_gen_id=start_gen_id)
     loop = RolloutLoop(
         prompts,
         ctl,
@@ -63,7 +60,6 @@ def make_loop(
         max_inflight=max_inflight,
         sync_interval=sync_interval,
     )
-    holder["loop"] = loop
     return loop, ctl
 
 

@@ -20,7 +20,7 @@ from unirl_lightning.algorithms import (
     ppo_clip_loss,
     sequence_masked_importance_weights,
 )
-from unirl_lightning.cli import run_cli
+from unirl_lightning.cli.app import run_cli
 from unirl_lightning.modules import PPOModule
 from unirl_lightning.modules.agentic_grpo import AgenticGRPOModule
 from unirl_lightning.modules.causal_lm import CausalLMModule

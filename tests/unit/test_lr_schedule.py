@@ -43,8 +43,8 @@ def test_a_decaying_schedule_needs_max_steps():
 
 def test_a_run_with_warmup_and_cosine_logs_the_scheduled_lr(tmp_path):
     from tests.builders import fit_tiny
+    from unirl_lightning.cli.curves import read_scalars
     from unirl_lightning.strategy import AsyncRolloutStrategy
-    from unirl_lightning.tb import read_scalars
 
     steps, warmup, lr = 6, 2, 1e-3
     module = tiny_module(lr=lr, lr_schedule="cosine", warmup_steps=warmup)
@@ -59,7 +59,7 @@ def test_a_run_with_warmup_and_cosine_logs_the_scheduled_lr(tmp_path):
 
 
 def test_the_cli_refuses_lightnings_lr_scheduler_naming_the_module_keys(capsys):
-    from unirl_lightning.cli import run_cli
+    from unirl_lightning.cli.app import run_cli
 
     with pytest.raises(SystemExit) as exit_info:
         run_cli(

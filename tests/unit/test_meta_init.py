@@ -1,4 +1,4 @@
-"""Pins unirl_lightning.meta_init and ``load_once_per_node`` in one process: which launch environments
+"""Pins unirl_lightning.distributed.meta_init and ``load_once_per_node`` in one process: which launch environments
 make a process a node-local rank > 0, that the specs' meta builds have their real builds' names,
 shapes, dtypes and ties (LoRA wrapping and a PPO critic included) without values, that materializing
 keeps tied weights tied, and that a meta-built module alone refuses to train naming the setting. The
@@ -11,8 +11,7 @@ import torch
 
 from tests.builders import tiny_module
 from tests.unit.real_model import needs_smollm2, smollm2_dir
-from unirl_lightning.lora import LLM_LORA_TARGETS, LoraSpec, apply_lora
-from unirl_lightning.meta_init import (
+from unirl_lightning.distributed.meta_init import (
     has_meta_tensors,
     launched_as_local_rank_above_zero,
     layout,
@@ -21,7 +20,8 @@ from unirl_lightning.meta_init import (
     node_local_rank,
     ranks_to_fill,
 )
-from unirl_lightning.models import PretrainedCausalLM, TinyCausalLM
+from unirl_lightning.models.causal_lm import PretrainedCausalLM, TinyCausalLM
+from unirl_lightning.models.lora import LLM_LORA_TARGETS, LoraSpec, apply_lora
 from unirl_lightning.modules import PPOModule
 
 TINY = TinyCausalLM(hidden_size=32, num_layers=2, num_heads=2, intermediate_size=64)

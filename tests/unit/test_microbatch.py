@@ -185,7 +185,7 @@ def test_ppo_micro_batches_give_the_mini_batch_loss_gradients_and_metrics_critic
 @pytest.fixture(scope="module")
 def flow_batch():
     from unirl_lightning.engines.diffusion import DiffusionEngineConfig
-    from unirl_lightning.models_diffusion import TinyFlowModel
+    from unirl_lightning.models.diffusion import TinyFlowModel
     from unirl_lightning.rollout.batches import DiffusionBatch
     from unirl_lightning.rollout.records import DiffusionSampling, RolloutRequest
 
@@ -200,7 +200,7 @@ def flow_batch():
 
 
 def flow_module(**overrides) -> FlowGRPOModule:
-    from unirl_lightning.models_diffusion import TinyFlowModel
+    from unirl_lightning.models.diffusion import TinyFlowModel
 
     return FlowGRPOModule(
         policy=TinyFlowModel(pretrain_steps=0),

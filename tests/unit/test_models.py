@@ -16,12 +16,11 @@ import pytest
 import torch
 
 from tests.unit.real_model import needs_smollm2, smollm2_dir
-from unirl_lightning import models
-from unirl_lightning.models import (
+from unirl_lightning.models import gguf
+from unirl_lightning.models.causal_lm import PretrainedCausalLM, TinyCausalLM
+from unirl_lightning.models.gguf import (
     BUNDLED_MODELS,
     REAL_MODEL_EXTRA,
-    PretrainedCausalLM,
-    TinyCausalLM,
     convert_gguf,
     gguf_cache_path,
     smollm2_gguf_path,
@@ -46,7 +45,7 @@ def conversions(monkeypatch):
         time.sleep(0.2)  # long enough for a concurrent caller to wait on the lock
         (directory / "config.json").write_text("{}")
 
-    monkeypatch.setattr(models, "_dequantize_gguf", fake_dequantize)
+    monkeypatch.setattr(gguf, "_dequantize_gguf", fake_dequantize)
     return calls
 
 
@@ -62,7 +61,7 @@ def test_dtype_outside_the_allowed_ones_is_rejected_naming_them():
 
 SMOLLM2_POLICY_YAML = """
 policy:
-  class_path: unirl_lightning.models.PretrainedCausalLM
+  class_path: unirl_lightning.models.causal_lm.PretrainedCausalLM
   init_args: {name_or_path: smollm2-135m-instruct, dtype: %s}
 """
 
@@ -196,7 +195,7 @@ def test_a_failed_conversion_leaves_nothing_behind_and_is_retried(tmp_path, fake
         (directory / "half-written").write_text("x")
         raise RuntimeError("disk full")
 
-    monkeypatch.setattr(models, "_dequantize_gguf", broken)
+    monkeypatch.setattr(gguf, "_dequantize_gguf", broken)
     with pytest.raises(RuntimeError, match="disk full"):
         convert_gguf(fake_gguf, tmp_path)
     assert [p.name for p in (tmp_path / "gguf").iterdir() if not p.name.endswith(".lock")] == []
@@ -212,10 +211,10 @@ def test_converting_without_the_gguf_package_names_the_extra(tmp_path, fake_gguf
 
 def test_default_cache_dir_follows_the_environment(tmp_path, monkeypatch):
     monkeypatch.setenv("UNIRL_LIGHTNING_CACHE", os.fspath(tmp_path / "mine"))
-    assert models.default_cache_dir() == tmp_path / "mine"
+    assert gguf.default_cache_dir() == tmp_path / "mine"
     monkeypatch.delenv("UNIRL_LIGHTNING_CACHE")
     monkeypatch.setenv("XDG_CACHE_HOME", os.fspath(tmp_path / "xdg"))
-    assert models.default_cache_dir() == tmp_path / "xdg" / "unirl_lightning"
+    assert gguf.default_cache_dir() == tmp_path / "xdg" / "unirl_lightning"
 
 
 # ---------------------------------------------------------------- SmolLM2-135M-Instruct

@@ -227,7 +227,7 @@ def test_a_local_ray_for_gpu_trainers_gets_the_spare_gpus_and_none_on_a_cpu_mach
 
 
 def test_several_nodes_need_a_ray_cluster_spanning_them():
-    from unirl_lightning.preflight import multi_node_ray_error
+    from unirl_lightning.core.preflight import multi_node_ray_error
 
     assert multi_node_ray_error(1, None) is None and multi_node_ray_error(2, "10.0.0.1:6379") is None
     message = multi_node_ray_error(2, None)

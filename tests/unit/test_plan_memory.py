@@ -1,4 +1,4 @@
-"""Pins the plan's estimate of a training step's memory (unirl_lightning.plan): the terms of
+"""Pins the plan's estimate of a training step's memory (unirl_lightning.planning.plan): the terms of
 ``step_memory_terms`` for a known shape, ``step_peak``'s two regimes (several micro-batches add up;
 one peaks before the gradients fill in), and that the estimate stays within the calibration error
 docs/gpus.md states against the CPU peaks ``benchmarks/memory_step.py`` recorded."""
@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from unirl_lightning.plan import ModelShape, step_estimate, step_memory_terms, step_peak
+from unirl_lightning.planning.plan import ModelShape, step_estimate, step_memory_terms, step_peak
 
 RESULTS = Path(__file__).resolve().parents[2] / "benchmarks" / "results" / "memory_step.json"
 SHAPE = ModelShape(

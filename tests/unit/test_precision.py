@@ -8,14 +8,14 @@ import pytest
 import torch
 
 from tests.builders import tiny_module
+from unirl_lightning.distributed.sharding import mixed_precision_policy
 from unirl_lightning.engines.hf import HFEngine, HFEngineConfig
-from unirl_lightning.lora import LoraSpec
-from unirl_lightning.models import TinyCausalLM
+from unirl_lightning.models.causal_lm import TinyCausalLM
+from unirl_lightning.models.lora import LoraSpec
 from unirl_lightning.modules import PPOModule
 from unirl_lightning.modules.optim import upcast_trainable_parameters
 from unirl_lightning.rollout.batches import ExperienceBatch
 from unirl_lightning.rollout.records import Rollout
-from unirl_lightning.sharding import mixed_precision_policy
 from unirl_lightning.weight_sync.base import named_weights, serving_dtype, tensor_bytes
 from unirl_lightning.weight_sync.buckets import PackedWeights, cast_floating
 from unirl_lightning.weight_sync.collective import _bucket_layout

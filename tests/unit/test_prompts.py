@@ -1,4 +1,4 @@
-"""Pins unirl_lightning.prompts: prompt records -> token ids (plain and chat, one BOS), the stop
+"""Pins unirl_lightning.core.prompts: prompt records -> token ids (plain and chat, one BOS), the stop
 ids read off the chat template, and the errors; with the char tokenizer and the real SmolLM2 one."""
 
 from __future__ import annotations
@@ -8,9 +8,9 @@ import copy
 import pytest
 
 from tests.unit.real_model import needs_smollm2, smollm2_tokenizer
+from unirl_lightning.core.prompts import render_prompt, render_prompt_text, stop_token_ids
 from unirl_lightning.data import make_task
-from unirl_lightning.models import CHAR_VOCAB, build_char_tokenizer
-from unirl_lightning.prompts import render_prompt, render_prompt_text, stop_token_ids
+from unirl_lightning.models.causal_lm import CHAR_VOCAB, build_char_tokenizer
 
 LETTERS = tuple("abcdefghijklmnopqrstuvwxyz:")
 CHAT_TEMPLATE = (

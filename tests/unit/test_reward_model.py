@@ -108,7 +108,7 @@ def test_a_score_index_outside_the_head_fails_naming_the_key_and_the_labels(mode
 
 
 def test_a_model_without_a_classification_head_fails_naming_model_path(tmp_path):
-    from unirl_lightning.models import TinyCausalLM
+    from unirl_lightning.models.causal_lm import TinyCausalLM
 
     model, tokenizer = TinyCausalLM(hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64).build()
     model.save_pretrained(tmp_path / "lm")

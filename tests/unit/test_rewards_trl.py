@@ -169,7 +169,7 @@ def test_the_worker_scores_a_request_once_and_keeps_each_rollouts_parts():
     )
     result = worker.generate(SimpleNamespace(records=RECORDS))
     assert fns.CALLS == [4]  # one call for both groups
-    first, second = result["groups"]
+    first, second = result.groups
     assert [r.reward for r in first] == [1.0 + 0.5 + 1.0, 0.0 + 1.0]
     assert first[0].reward_parts == {"exact": 1.0, "counted": 1.0, "no_opinion_on_odd": 1.0}
     assert first[1].reward_parts == {"exact": 0.0, "counted": 2.0}

@@ -10,11 +10,11 @@ import pytest
 import torch
 
 from tests.builders import rollout_settings
-from unirl_lightning.checkpoint_io import AtomicCheckpointIO
+from unirl_lightning.core.seeding import derive_seed
 from unirl_lightning.runtime import cpu_threads, runtime_for
 from unirl_lightning.runtime.agentic import AgenticRuntime
 from unirl_lightning.runtime.batch import SCHEDULING, BatchRuntime
-from unirl_lightning.seeding import derive_seed
+from unirl_lightning.strategy.checkpoint_io import AtomicCheckpointIO
 
 settings = rollout_settings
 

@@ -9,7 +9,7 @@ from unirl_lightning.engines.base import check_context
 from unirl_lightning.engines.hf import HFEngineConfig, generate_kwargs
 from unirl_lightning.engines.sglang import SGLangEngineConfig, sglang_sampling_params
 from unirl_lightning.engines.vllm import VLLMEngineConfig, vllm_sampling_kwargs
-from unirl_lightning.models import TinyCausalLM
+from unirl_lightning.models.causal_lm import TinyCausalLM
 from unirl_lightning.modules import GRPOModule
 from unirl_lightning.rollout.records import SamplingParams
 

@@ -1,4 +1,4 @@
-"""One seeding rule (``unirl_lightning.seeding``): rollout seeds are hashes of their path and never
+"""One seeding rule (``unirl_lightning.core.seeding``): rollout seeds are hashes of their path and never
 collide in practice; data seeds keep the values that fix the held-out sets and the pass orders."""
 
 from __future__ import annotations
@@ -7,9 +7,7 @@ import ast
 import re
 from pathlib import Path
 
-from unirl_lightning.data import PromptDataModule
-from unirl_lightning.data.datamodule import PassSampler
-from unirl_lightning.seeding import (
+from unirl_lightning.core.seeding import (
     VAL_SEED_OFFSET,
     derive_seed,
     episode_seed,
@@ -19,6 +17,8 @@ from unirl_lightning.seeding import (
     rank_seed,
     turn_seed,
 )
+from unirl_lightning.data import PromptDataModule
+from unirl_lightning.data.datamodule import PassSampler
 
 PACKAGE = Path(__file__).resolve().parents[2] / "unirl_lightning"
 
@@ -50,7 +50,7 @@ def test_derive_seed_is_defined_once_and_no_seed_sum_constant_is_left():
         for node in ast.walk(ast.parse(p.read_text()))
         if isinstance(node, ast.FunctionDef) and node.name in ("derive_seed", "turn_seed", "call_seed")
     ]
-    assert defs == ["seeding.py"] * 3
+    assert defs == ["core/seeding.py"] * 3
     carriers = [p.name for p in PACKAGE.rglob("*.py") if re.search(r"1_?000_?003", p.read_text())]
     assert carriers == ["seeding.py"]
 

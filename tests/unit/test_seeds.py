@@ -9,13 +9,13 @@ from types import SimpleNamespace
 
 import pytest
 
+from unirl_lightning.core.seeding import SEED_BITS, derive_seed, derive_seeds
 from unirl_lightning.engines.diffusion import DiffusionEngine
 from unirl_lightning.engines.sglang import SGLangEngine
 from unirl_lightning.engines.vllm import VLLMEngine
 from unirl_lightning.rollout.records import DiffusionSampling, RolloutRequest, SamplingParams
 from unirl_lightning.runtime import RolloutSettings
 from unirl_lightning.runtime.batch import BatchRuntime
-from unirl_lightning.seeding import SEED_BITS, derive_seed, derive_seeds
 
 RANKS, GEN_IDS, PARTS, RECORDS_PER_PART, N = 3, 200, 4, 2, 8  # 16 samples per part
 
@@ -233,8 +233,8 @@ def test_lora_adapters_are_initialised_from_the_global_seed_and_the_engine_draws
 
     from unirl_lightning import GRPOModule
     from unirl_lightning.engines.hf import HFEngineConfig
-    from unirl_lightning.lora import LoraSpec
-    from unirl_lightning.models import TinyCausalLM
+    from unirl_lightning.models.causal_lm import TinyCausalLM
+    from unirl_lightning.models.lora import LoraSpec
 
     def adapters(model: torch.nn.Module) -> dict[str, torch.Tensor]:
         return {k: v.clone() for k, v in model.state_dict().items() if "lora_A" in k}

@@ -7,7 +7,7 @@ import torch
 
 from tests.builders import tiny_module
 from unirl_lightning.algorithms import token_logprobs
-from unirl_lightning.lora import LoraSpec
+from unirl_lightning.models.lora import LoraSpec
 from unirl_lightning.modules.tokens import accepts_logits_to_keep, first_response_column
 from unirl_lightning.rollout.batches import ExperienceBatch
 from unirl_lightning.rollout.records import Rollout

@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from unirl_lightning.engines.vllm import VLLMEngineConfig
-from unirl_lightning.lora import LoraSpec
-from unirl_lightning.models import TinyCausalLM
+from unirl_lightning.models.causal_lm import TinyCausalLM
+from unirl_lightning.models.lora import LoraSpec
 from unirl_lightning.weight_sync.buckets import PackedWeights, pack_tensors, unpack_tensors, weight_buckets
 
 

@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from tests.builders import tiny_module
-from unirl_lightning.lora import LoraSpec
-from unirl_lightning.sharding import block_classes, full_tensor, local_numel
+from unirl_lightning.distributed.sharding import block_classes, full_tensor, local_numel
+from unirl_lightning.models.lora import LoraSpec
 from unirl_lightning.strategy import AsyncRolloutFSDPStrategy
 
 

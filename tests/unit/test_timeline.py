@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import json
 
-from unirl_lightning.timeline import Timeline, clamp_span, gantt, read_trace, spans_of
+from unirl_lightning.core.timeline import Timeline, clamp_span, gantt, read_trace, spans_of
+from unirl_lightning.rollout.records import GenerationResult
 from unirl_lightning.workers.calls import CallPart, merge_results
 
 
@@ -73,15 +74,12 @@ def test_a_generation_result_carries_each_parts_span_on_the_driver_clock():
         ),
     ]
     results = [
-        {"groups": [[rollout]], "generate_s": 0.5, "score_s": 0.1, "span": {"start": 100.2, "end": 100.9}},
-        {
-            "groups": [[rollout, rollout]],
-            "generate_s": 0.5,
-            "score_s": 0.1,
-            "span": {"start": 99.0, "end": 103.0},
-        },
+        GenerationResult([[rollout]], generate_s=0.5, score_s=0.1, span={"start": 100.2, "end": 100.9}),
+        GenerationResult(
+            [[rollout, rollout]], generate_s=0.5, score_s=0.1, span={"start": 99.0, "end": 103.0}
+        ),
     ]
-    spans = merge_results(results, parts)["spans"]
+    spans = merge_results(results, parts).spans
     assert spans[0] == {"worker": 0, "start": 100.2, "end": 100.9, "samples": 1, "completion_tokens": 3}
     assert spans[1] == {"worker": 1, "start": 100.0, "end": 102.0, "samples": 2, "completion_tokens": 6}
 
@@ -100,6 +98,6 @@ def test_the_recorder_is_standard_library_only():
     import subprocess
     import sys
 
-    code = "import sys, unirl_lightning.timeline; print(sorted({'torch', 'ray', 'matplotlib'} & set(sys.modules)))"
+    code = "import sys, unirl_lightning.core.timeline; print(sorted({'torch', 'ray', 'matplotlib'} & set(sys.modules)))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"

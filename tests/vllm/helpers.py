@@ -8,7 +8,7 @@ PROMPTS = ["1+2=", "3*4=", "7=", "12-5="]
 
 def tiny_policy(seed: int = 0):
     """The tiny Llama vLLM's CPU attention accepts (head size 32; 16 is not supported)."""
-    from unirl_lightning.models import TinyCausalLM
+    from unirl_lightning.models.causal_lm import TinyCausalLM
 
     return TinyCausalLM(hidden_size=64, num_layers=2, num_heads=2, intermediate_size=128, seed=seed)
 

@@ -20,7 +20,7 @@ import torch  # noqa: E402
 from tests.vllm.helpers import max_logprob_gap, records, tiny_policy  # noqa: E402
 from unirl_lightning.engines.hf import HFEngineConfig  # noqa: E402
 from unirl_lightning.engines.vllm import VLLMEngineConfig  # noqa: E402
-from unirl_lightning.lora import LoraSpec  # noqa: E402
+from unirl_lightning.models.lora import LoraSpec  # noqa: E402
 from unirl_lightning.rollout.records import RolloutRequest, SamplingParams  # noqa: E402
 from unirl_lightning.weight_sync import CollectiveWeightSync  # noqa: E402
 from unirl_lightning.weight_sync.base import weight_tensors  # noqa: E402
@@ -36,7 +36,7 @@ def greedy(workers, max_new_tokens: int = 12) -> list[list[int]]:
     request = RolloutRequest(
         records(), n=1, sampling=SamplingParams(temperature=0, max_new_tokens=max_new_tokens)
     )
-    groups = workers.generate(request).result()["groups"]
+    groups = workers.generate(request).result().groups
     return [group[0].completion_ids for group in groups]
 
 
@@ -104,9 +104,13 @@ def test_collective_push_is_received_and_loaded_in_vllms_worker_process(multipro
                 assert held == digest(tensor), f"{name} differs from the trainer's"
             # and the engine generates with them
             assert greedy(workers) == greedy_hf(seed)
-            sampled = workers.generate(
-                RolloutRequest(records(), n=2, sampling=SamplingParams(max_new_tokens=8), seed=1)
-            ).result()["groups"]
+            sampled = (
+                workers.generate(
+                    RolloutRequest(records(), n=2, sampling=SamplingParams(max_new_tokens=8), seed=1)
+                )
+                .result()
+                .groups
+            )
             assert {r.weight_version for g in sampled for r in g} == {version}
             assert max_logprob_gap(model, sampled, 1.0) < 1e-4
     finally:
@@ -154,7 +158,7 @@ def test_cli_collective_on_policy_pin_with_vllms_engine_core_process(tmp_path):
     import sys
     from pathlib import Path
 
-    from unirl_lightning.tb import read_scalars
+    from unirl_lightning.cli.curves import read_scalars
 
     recipe = Path(__file__).resolve().parents[2] / "examples" / "grpo_tiny.yaml"
     strategy = "--trainer.strategy.init_args."

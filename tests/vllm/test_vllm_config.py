@@ -7,7 +7,7 @@ import pytest
 vllm = pytest.importorskip("vllm", reason="vLLM is not installed (make test-vllm runs these in .venv-vllm)")
 
 from unirl_lightning.engines.vllm import VLLMEngineConfig  # noqa: E402
-from unirl_lightning.models import TinyCausalLM  # noqa: E402
+from unirl_lightning.models.causal_lm import TinyCausalLM  # noqa: E402
 
 
 def test_cpu_head_size_vllm_cannot_run_is_rejected_before_start():

@@ -11,8 +11,8 @@ vllm = pytest.importorskip("vllm", reason="vLLM is not installed (make test-vllm
 import torch  # noqa: E402
 
 from tests.vllm.helpers import PROMPTS, tiny_policy  # noqa: E402
-from unirl_lightning.export import export_policy  # noqa: E402
-from unirl_lightning.lora import LoraSpec  # noqa: E402
+from unirl_lightning.models.export import export_policy  # noqa: E402
+from unirl_lightning.models.lora import LoraSpec  # noqa: E402
 
 pytestmark = pytest.mark.slow
 

@@ -25,7 +25,7 @@ from tests.unit.real_model import needs_smollm2  # noqa: E402
 from tests.vllm.helpers import greedy_completions, max_logprob_gap, tiny_policy  # noqa: E402
 from unirl_lightning.engines.hf import HFEngineConfig  # noqa: E402
 from unirl_lightning.engines.vllm import VLLMEngineConfig  # noqa: E402
-from unirl_lightning.lora import LoraSpec  # noqa: E402
+from unirl_lightning.models.lora import LoraSpec  # noqa: E402
 from unirl_lightning.rollout.records import SamplingParams  # noqa: E402
 from unirl_lightning.strategy import AsyncRolloutStrategy  # noqa: E402
 from unirl_lightning.weight_sync import InProcessWeightSync  # noqa: E402
@@ -164,7 +164,7 @@ def test_a_hybrid_lora_fit_with_vllm_serves_each_adapter_push(tmp_path):
 @pytest.mark.slow
 @needs_smollm2
 def test_smollm2_hybrid_with_vllm_is_on_policy(tmp_path):
-    from unirl_lightning.models import PretrainedCausalLM
+    from unirl_lightning.models.causal_lm import PretrainedCausalLM
 
     policy = PretrainedCausalLM("smollm2-135m-instruct", dtype="float32", chat=True)
     strategy = AsyncRolloutStrategy(engine=VLLMEngineConfig(), **HYBRID)

@@ -11,10 +11,10 @@ vllm = pytest.importorskip("vllm", reason="vLLM is not installed (make test-vllm
 from tests.builders import fit_tiny, tiny_module  # noqa: E402
 from tests.unit.real_model import needs_smollm2  # noqa: E402
 from tests.vllm.helpers import max_logprob_gap  # noqa: E402
+from unirl_lightning.core.prompts import render_prompt  # noqa: E402
 from unirl_lightning.data import make_task  # noqa: E402
 from unirl_lightning.engines.vllm import VLLMEngineConfig  # noqa: E402
-from unirl_lightning.models import PretrainedCausalLM  # noqa: E402
-from unirl_lightning.prompts import render_prompt  # noqa: E402
+from unirl_lightning.models.causal_lm import PretrainedCausalLM  # noqa: E402
 from unirl_lightning.rollout.records import RolloutRequest, SamplingParams  # noqa: E402
 from unirl_lightning.strategy import AsyncRolloutStrategy  # noqa: E402
 
@@ -71,7 +71,7 @@ def test_the_smollm2_lora_recipe_on_vllm_serves_the_trainers_adapters_step_after
     from lightning.pytorch import Trainer
 
     from tests.builders import StepRecorder
-    from unirl_lightning.cli import UniRLCLI
+    from unirl_lightning.cli.app import UniRLCLI
 
     recipe = Path(__file__).resolve().parents[2] / "examples" / "grpo_smollm2_cpu.yaml"
     monkeypatch.chdir(tmp_path)  # the parsed recipe's logger folder lands here, unused

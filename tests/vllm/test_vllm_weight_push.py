@@ -13,7 +13,7 @@ import torch  # noqa: E402
 from tests.vllm.helpers import greedy_completions, max_logprob_gap, records, tiny_policy  # noqa: E402
 from unirl_lightning.engines.hf import HFEngineConfig  # noqa: E402
 from unirl_lightning.engines.vllm import VLLMEngineConfig  # noqa: E402
-from unirl_lightning.lora import LoraSpec  # noqa: E402
+from unirl_lightning.models.lora import LoraSpec  # noqa: E402
 from unirl_lightning.rollout.records import RolloutRequest, SamplingParams  # noqa: E402
 from unirl_lightning.weight_sync import named_weights  # noqa: E402
 

@@ -10,7 +10,7 @@ from lightning.pytorch.loggers import TensorBoardLogger
 from unirl_lightning.algorithms import truncated_completions
 from unirl_lightning.callbacks.base import RolloutCallback
 from unirl_lightning.callbacks.eval import RolloutEvalCallback
-from unirl_lightning.checks import require_at_least
+from unirl_lightning.core.checks import require_at_least
 
 COLUMNS = ("prompt", "completion", "reward", "advantage", "staleness", "finish")
 

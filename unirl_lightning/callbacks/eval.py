@@ -9,7 +9,8 @@ from dataclasses import replace
 from typing import Any
 
 from unirl_lightning.callbacks.base import RolloutCallback
-from unirl_lightning.checks import require_at_least
+from unirl_lightning.callbacks.weight_sync import weight_sync_callback
+from unirl_lightning.core.checks import require_at_least
 from unirl_lightning.rollout.loop import reward_part_means
 from unirl_lightning.rollout.records import SamplingParams
 
@@ -249,13 +250,14 @@ class RolloutEvalCallback(RolloutCallback):
         self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
         if self.strategy.rl_steps % self.every_n_steps == 0:
-            self.strategy.sync_for_step()  # the step's own push first, whatever the callbacks' order
+            # the step's own push first, whatever the callbacks' order
+            weight_sync_callback(trainer).push_due()
             self.evaluate(trainer, pl_module)
 
     def on_train_end(self, trainer: Any, pl_module: Any) -> None:
         steps = self.strategy.rl_steps
         if self.eval_on_end and (not self.history or self.history[-1]["step"] != steps):
-            self.strategy.sync_trained_weights()  # score the final weights
+            weight_sync_callback(trainer).push_trained()  # score the final weights
             self.evaluate(trainer, pl_module)
 
     def state_dict(self) -> dict[str, Any]:

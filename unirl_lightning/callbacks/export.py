@@ -12,7 +12,7 @@ from lightning.pytorch.utilities import rank_zero_info
 
 class ExportOnTrainEnd(Callback):
     """When ``fit`` ends normally, write the policy to ``output`` as ``unirl-lightning export`` does
-    (:func:`unirl_lightning.export.export_policy`): a ``transformers`` model directory with the
+    (:func:`unirl_lightning.models.export.export_policy`): a ``transformers`` model directory with the
     tokenizer, the LoRA adapter directory (``merge=True``: the merged full model), or the diffusers
     layout of a Flow-GRPO denoiser.
 
@@ -51,15 +51,15 @@ class ExportOnTrainEnd(Callback):
         return os.path.join(trainer.log_dir or trainer.default_root_dir, "export")
 
     def setup(self, trainer: Any, pl_module: Any, stage: str) -> None:
-        from unirl_lightning.export import check_merge, check_output
+        from unirl_lightning.models.export import check_merge, check_output
 
         if stage == "fit" and trainer.is_global_zero:
             check_merge(pl_module, self.merge)
             check_output(self.directory(trainer), self.overwrite)
 
     def on_train_end(self, trainer: Any, pl_module: Any) -> None:
-        from unirl_lightning.export import export_policy
-        from unirl_lightning.sharding import full_tensor, is_sharded
+        from unirl_lightning.distributed.sharding import full_tensor, is_sharded
+        from unirl_lightning.models.export import export_policy
 
         output = self.directory(trainer)
         policy = pl_module.policy
@@ -77,7 +77,7 @@ class ExportOnTrainEnd(Callback):
 def unsharded_policy(pl_module: Any, state: dict[str, torch.Tensor]) -> torch.nn.Module:
     """A CPU copy of ``pl_module``'s policy built from its spec (LoRA applied as the module does),
     holding ``state`` (the policy's tensors, whole)."""
-    from unirl_lightning.lora import LLM_LORA_TARGETS, apply_lora
+    from unirl_lightning.models.lora import LLM_LORA_TARGETS, apply_lora
 
     built = pl_module.policy_spec.build()
     if hasattr(pl_module, "pipeline"):

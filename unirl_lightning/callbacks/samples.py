@@ -10,7 +10,7 @@ import torch
 from lightning.pytorch.loggers import TensorBoardLogger
 
 from unirl_lightning.callbacks.base import RolloutCallback
-from unirl_lightning.checks import require_at_least
+from unirl_lightning.core.checks import require_at_least
 
 
 class SampleImageLogger(RolloutCallback):

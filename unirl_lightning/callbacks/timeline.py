@@ -6,15 +6,15 @@ from pathlib import Path
 from typing import Any
 
 from unirl_lightning.callbacks.base import RolloutCallback
-from unirl_lightning.checks import require_at_least
+from unirl_lightning.core.checks import require_at_least
 
 
 class TimelineWriter(RolloutCallback):
-    """Write the pipeline's timeline (:mod:`unirl_lightning.timeline`) every ``every_n_steps`` RL
+    """Write the pipeline's timeline (:mod:`unirl_lightning.core.timeline`) every ``every_n_steps`` RL
     steps, at the end of ``fit`` and when it fails, atomically, into the run's log folder
     (``trainer.log_dir``; nothing is written by a run without a logger, as with ``placement.json``):
     ``timeline.json`` for rank 0, ``timeline.rank{r}.json`` for the others. Open it in ``chrome://tracing`` or Perfetto, or draw
-    it with :func:`unirl_lightning.timeline.gantt`. RL modules add one when the trainer has none.
+    it with :func:`unirl_lightning.core.timeline.gantt`. RL modules add one when the trainer has none.
 
     Example::
 

@@ -7,7 +7,7 @@ from typing import Any
 from lightning.pytorch.loggers import TensorBoardLogger
 
 from unirl_lightning.callbacks.base import RolloutCallback
-from unirl_lightning.checks import require_at_least
+from unirl_lightning.core.checks import require_at_least
 
 
 class WeightVersionLogger(RolloutCallback):

@@ -2,7 +2,7 @@
 
 Contract: a *prompt record* is a plain dict ``{"prompt": str, "answer": ..., **other_keys}``;
 a chat record also has ``"messages"`` (``[{"role": str, "content": str}, ...]``), which
-:func:`unirl_lightning.prompts.render_prompt` renders instead of ``"prompt"``.
+:func:`unirl_lightning.core.prompts.render_prompt` renders instead of ``"prompt"``.
 :func:`load_records` reads records with the ``datasets`` library (a ``.jsonl``/``.json``/``.csv``/
 ``.parquet``/``.arrow`` file, a ``save_to_disk`` folder, or ``"hf:<id>"``), or builds them from a
 built-in task (:mod:`unirl_lightning.data.tasks`), and normalises them: the prompt (and answer)
@@ -26,6 +26,7 @@ from typing import Any, Literal, get_args
 from lightning.pytorch import LightningDataModule
 from torch.utils.data import DataLoader
 
+from unirl_lightning.core.seeding import VAL_SEED_OFFSET, held_out_seed
 from unirl_lightning.data.sampler import PassSampler, collate_records, train_loader
 from unirl_lightning.data.sources import (
     DATASET_BUILDERS,
@@ -36,7 +37,6 @@ from unirl_lightning.data.sources import (
     load_records,
 )
 from unirl_lightning.data.tasks import BUILTIN_TASKS, Partition
-from unirl_lightning.seeding import VAL_SEED_OFFSET, held_out_seed
 
 log = logging.getLogger(__name__)
 

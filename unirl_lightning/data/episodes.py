@@ -14,9 +14,9 @@ from typing import Any, Literal
 from lightning.pytorch import LightningDataModule
 from torch.utils.data import DataLoader
 
+from unirl_lightning.core.imports import import_callable
+from unirl_lightning.core.seeding import episode_held_out_seed
 from unirl_lightning.data.datamodule import train_loader
-from unirl_lightning.imports import import_callable
-from unirl_lightning.seeding import episode_held_out_seed
 
 __all__ = ["EpisodeDataModule"]
 

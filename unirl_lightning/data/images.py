@@ -13,7 +13,7 @@ from typing import Any
 from lightning.pytorch import LightningDataModule
 from torch.utils.data import DataLoader
 
-from unirl_lightning.checks import require_at_least
+from unirl_lightning.core.checks import require_at_least
 from unirl_lightning.data.datamodule import load_records, train_loader
 
 __all__ = ["ImagePromptDataModule"]

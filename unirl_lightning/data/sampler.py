@@ -12,7 +12,7 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader, DistributedSampler, Sampler
 
-from unirl_lightning.seeding import pass_seed
+from unirl_lightning.core.seeding import pass_seed
 
 __all__ = ["PassSampler", "collate_records", "train_loader"]
 

@@ -263,7 +263,7 @@ def load_prompt_dataset(
     answer keys are read: through ``datasets.Dataset.map`` / ``filter`` (cached, Arrow) for a
     dataset, in Python for a built-in task.
     """
-    from unirl_lightning.imports import import_callable
+    from unirl_lightning.core.imports import import_callable
 
     mapper = import_callable(map_fn, "map_fn") if isinstance(map_fn, str) else map_fn
     keep = import_callable(filter_fn, "filter_fn") if isinstance(filter_fn, str) else filter_fn

@@ -35,8 +35,8 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal, Protocol, runtime_chec
 
 import torch
 
+from unirl_lightning.core.seeding import derive_seed
 from unirl_lightning.rollout.records import FinishReason, PolicyFamily, Rollout, RolloutRequest
-from unirl_lightning.seeding import derive_seed
 
 
 @runtime_checkable

@@ -6,7 +6,7 @@ Called inside a rollout worker (a Ray actor), one call at a time, like every eng
 * ``generate(request)`` returns one group per prompt record, ``request.n`` :class:`DiffusionRollout`\\ s
   each. ``request.sampling`` is a :class:`DiffusionSampling`. The initial noise and the SDE noise come
   from one ``torch.Generator`` per chunk of at most ``max_batch_size`` samples, chunk ``c`` seeded with
-  :func:`~unirl_lightning.seeding.derive_seed` ``(request.seed, c)``, so a request with a fixed
+  :func:`~unirl_lightning.core.seeding.derive_seed` ``(request.seed, c)``, so a request with a fixed
   seed and ``eta=0`` gives the same images every time (deterministic eval).
 * Steps listed by ``DiffusionSampling.sde_steps()`` run the Flow-GRPO SDE
   (:func:`~unirl_lightning.algorithms.flow.sde_step` at noise level ``eta``); the others run the
@@ -29,12 +29,12 @@ from typing import Any, ClassVar, Literal
 import torch
 
 from unirl_lightning.algorithms.flow import sde_step
+from unirl_lightning.core.seeding import derive_seed
 from unirl_lightning.engines.base import InPlaceBucketLoading, TorchThreadsEngineConfig, engine_device
-from unirl_lightning.lora import LoraSpec, apply_lora, effective_weights, load_named_weights
-from unirl_lightning.models_diffusion import SD3FlowModel, TinyFlowModel, guided_velocity
+from unirl_lightning.models.diffusion import SD3FlowModel, TinyFlowModel, guided_velocity
+from unirl_lightning.models.lora import LoraSpec, apply_lora, effective_weights, load_named_weights
 from unirl_lightning.rollout.batches import DiffusionRollout
 from unirl_lightning.rollout.records import DiffusionSampling, PolicyFamily, RolloutRequest
-from unirl_lightning.seeding import derive_seed
 
 __all__ = ["DiffusionEngine", "DiffusionEngineConfig"]
 

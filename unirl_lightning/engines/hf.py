@@ -28,6 +28,7 @@ from typing import Any, Literal
 
 import torch
 
+from unirl_lightning.core.seeding import derive_seed
 from unirl_lightning.engines.base import (
     InPlaceBucketLoading,
     TorchThreadsEngineConfig,
@@ -36,7 +37,8 @@ from unirl_lightning.engines.base import (
     make_group,
     trim_at_stop,
 )
-from unirl_lightning.lora import (
+from unirl_lightning.models.causal_lm import PolicySpec
+from unirl_lightning.models.lora import (
     LLM_LORA_TARGETS,
     LoraSpec,
     apply_lora,
@@ -45,9 +47,7 @@ from unirl_lightning.lora import (
     share_named_weights,
     unwrapped,
 )
-from unirl_lightning.models import PolicySpec
 from unirl_lightning.rollout.records import FinishReason, Rollout, RolloutRequest, SamplingParams
-from unirl_lightning.seeding import derive_seed
 
 log = logging.getLogger(__name__)
 
@@ -125,7 +125,7 @@ class HFEngine(InPlaceBucketLoading):  # a streamed push is loaded bucket by buc
     def share_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], weight_version: int) -> int:
         """An engine in the training process (``placement="hybrid"``) reads the trainer's tensors: each
         one of the model's dtype, device and shape is taken as is (no copy), the others are copied in
-        place, cast (:func:`~unirl_lightning.lora.share_named_weights`); LoRA adapters are copied.
+        place, cast (:func:`~unirl_lightning.models.lora.share_named_weights`); LoRA adapters are copied.
         Returns the bytes copied; the engine serves ``weight_version`` from now on."""
         named = list(named_tensors)
         if self.lora is not None:

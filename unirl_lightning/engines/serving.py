@@ -11,8 +11,8 @@ from typing import Any
 
 import torch
 
-from unirl_lightning.lora import LoraSpec
-from unirl_lightning.models import PolicySpec, PretrainedCausalLM, TinyCausalLM
+from unirl_lightning.models.causal_lm import PolicySpec, PretrainedCausalLM, TinyCausalLM
+from unirl_lightning.models.lora import LoraSpec
 
 __all__ = ["ServedPolicy", "lora_adapter_config", "materialize_policy"]
 
@@ -83,10 +83,10 @@ def materialize_policy(policy: PolicySpec, directory: str) -> ServedPolicy:
 
 def check_checkpoint_names(served: ServedPolicy, engine: str) -> None:
     """Refuse to serve a policy whose pushed weights would not carry the checkpoint's names
-    (:func:`~unirl_lightning.preflight.checkpoint_names_error`); reads the served ``config.json``."""
+    (:func:`~unirl_lightning.core.preflight.checkpoint_names_error`); reads the served ``config.json``."""
     from transformers import AutoConfig
 
-    from unirl_lightning.preflight import checkpoint_names_error, renamed_by_transformers
+    from unirl_lightning.core.preflight import checkpoint_names_error, renamed_by_transformers
 
     model_type = str(
         AutoConfig.from_pretrained(served.path, trust_remote_code=served.trust_remote_code).model_type

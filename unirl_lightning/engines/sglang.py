@@ -17,7 +17,7 @@ Guarantees, beyond the contract:
   are decoded with the policy's tokenizer. Each record's ``n`` samples are ``n`` requests. Seeds: SGLang
   honours per-request seeds only in deterministic mode (``deterministic=True``, i.e.
   ``enable_deterministic_inference``): then record ``i``'s ``j``-th sample (sample ``k = i * n + j``)
-  uses :func:`~unirl_lightning.seeding.derive_seed` ``(seed, k)``; otherwise sampling draws
+  uses :func:`~unirl_lightning.core.seeding.derive_seed` ``(seed, k)``; otherwise sampling draws
   from the engine's ``random_seed`` stream.
 * **Multi-turn** (agentic episodes): ``generate_ids`` takes token ids (every episode's whole context
   so far) and returns one sample per row with the same log-prob and stop rules; ``generate`` is
@@ -56,7 +56,8 @@ from typing import Any
 
 import torch
 
-from unirl_lightning.checks import require_in_range, require_positive
+from unirl_lightning.core.checks import require_in_range, require_positive
+from unirl_lightning.core.seeding import derive_seeds
 from unirl_lightning.engines.base import (
     EngineConfig,
     RowGeneration,
@@ -71,10 +72,9 @@ from unirl_lightning.engines.serving import (
     lora_adapter_config,
     materialize_policy,
 )
-from unirl_lightning.lora import LoraSpec, is_lora_push
-from unirl_lightning.models import PolicySpec
+from unirl_lightning.models.causal_lm import PolicySpec
+from unirl_lightning.models.lora import LoraSpec, is_lora_push
 from unirl_lightning.rollout.records import FinishReason, SamplingParams
-from unirl_lightning.seeding import derive_seeds
 from unirl_lightning.weight_sync.buckets import weight_buckets
 
 __all__ = ["SGLangEngine", "SGLangEngineConfig", "import_sglang", "sglang_sampling_params"]

@@ -35,7 +35,9 @@ from typing import Any, Literal
 
 import torch
 
-from unirl_lightning.checks import require_choice, require_positive
+from unirl_lightning.core.checks import require_choice, require_positive
+from unirl_lightning.core.preflight import sleep_level_error, tensor_parallel_size_for, vllm_executor_backend
+from unirl_lightning.core.seeding import derive_seeds
 from unirl_lightning.engines.base import (
     EngineConfig,
     RowGeneration,
@@ -51,11 +53,9 @@ from unirl_lightning.engines.vllm_args import (
     vllm_sampling_kwargs,
 )
 from unirl_lightning.engines.vllm_weights import VLLMWeights
-from unirl_lightning.lora import LoraSpec
-from unirl_lightning.models import PolicySpec, TinyCausalLM
-from unirl_lightning.preflight import sleep_level_error, tensor_parallel_size_for, vllm_executor_backend
+from unirl_lightning.models.causal_lm import PolicySpec, TinyCausalLM
+from unirl_lightning.models.lora import LoraSpec
 from unirl_lightning.rollout.records import FinishReason, SamplingParams
-from unirl_lightning.seeding import derive_seeds
 
 __all__ = [
     "VLLMEngine",
@@ -117,7 +117,7 @@ class VLLMEngineConfig(EngineConfig):
             a share of a GPU or none); when set it must equal ``num_gpus_per_worker``.
         distributed_executor_backend: vLLM's executor for ``tensor_parallel_size > 1``; None = the
             strategy's layout decides (``"mp"`` under ``worker_layout="actor"``, ``"ray"`` under
-            ``"per_gpu"``: :func:`~unirl_lightning.preflight.vllm_executor_backend`).
+            ``"per_gpu"``: :func:`~unirl_lightning.core.preflight.vllm_executor_backend`).
         enforce_eager: skip CUDA graphs / torch.compile (faster start; slower decode on GPU).
         seed: vLLM's global seed (unseeded requests draw from it).
         sleep_level: 1 = offload weights and drop the KV cache on ``sleep()``; 2 = drop both: the
@@ -177,7 +177,7 @@ class VLLMEngineConfig(EngineConfig):
         """Sleep mode on when the engine shares the trainer's device; the engine core in the training
         process under ``placement="hybrid"`` (False refused there); ``tensor_parallel_size`` from
         ``num_gpus_per_worker``; the executor for several GPUs from the worker layout
-        (:func:`~unirl_lightning.preflight.vllm_executor_backend`)."""
+        (:func:`~unirl_lightning.core.preflight.vllm_executor_backend`)."""
         engine = self
         if engine.enable_sleep_mode is None:
             engine = dataclasses.replace(engine, enable_sleep_mode=settings.shares_trainer_device)

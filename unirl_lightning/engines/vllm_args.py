@@ -8,7 +8,7 @@ import json
 import os
 from typing import TYPE_CHECKING, Any
 
-from unirl_lightning.lora import LoraSpec
+from unirl_lightning.models.lora import LoraSpec
 from unirl_lightning.rollout.records import SamplingParams
 
 if TYPE_CHECKING:
@@ -83,7 +83,7 @@ def vllm_engine_kwargs(
 ) -> dict[str, Any]:
     """``vllm.LLM``'s keyword arguments for ``served`` under ``config`` (a ``VLLMEngineConfig``; ``engine_kwargs`` win over the
     fields). ``distributed_executor_backend`` is passed when the config has one (the strategy resolves
-    None with :func:`~unirl_lightning.preflight.vllm_executor_backend`: ``"mp"`` for
+    None with :func:`~unirl_lightning.core.preflight.vllm_executor_backend`: ``"mp"`` for
     ``tensor_parallel_size > 1`` under the actor layout, where vLLM's default, its Ray executor, cannot
     place an engine inside the actor's one multi-GPU bundle)."""
     kwargs: dict[str, Any] = dict(

@@ -15,7 +15,7 @@ from typing import Any
 import torch
 
 from unirl_lightning.engines.serving import lora_adapter_config
-from unirl_lightning.lora import is_lora_push
+from unirl_lightning.models.lora import is_lora_push
 from unirl_lightning.weight_sync.buckets import layer_of, pack_tensors, weight_buckets
 
 __all__ = ["VLLMWeights", "whole_layers_first"]

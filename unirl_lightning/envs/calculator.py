@@ -12,7 +12,7 @@ Syntax (``syntax="xml"``, for instruction-tuned models; the initial observation 
     an engine that strips stop strings) is not needed: an unclosed tag extends to the end of the turn.
 
 Syntax (``syntax="compact"``, for the tiny character-level model; the initial observation is a string)
-    Only the characters of :data:`~unirl_lightning.models.CHAR_VOCAB` (``0-9 + - * = space ? . ,``):
+    Only the characters of :data:`~unirl_lightning.models.causal_lm.CHAR_VOCAB` (``0-9 + - * = space ? . ,``):
     * prompt ``37*12+5?``;
     * tool call: a turn ending in ``=``, e.g. ``37*12=`` -> observation ``444,``;
     * final answer: a turn that is just a number, e.g. ``449`` -> ``done``, scored as above;

@@ -4,8 +4,8 @@ Who calls it
     A :class:`~unirl_lightning.workers.agentic_actor.AgenticRolloutWorker` holds one and exposes its four verbs as
     actor methods; the driver reaches them through
     :class:`~unirl_lightning.workers.agentic.WorkerEpisodeCoordinator`, which the
-    :class:`~unirl_lightning.rollout.agentic.AgenticRolloutController` drives. This class implements
-    the coordinator contract of :mod:`unirl_lightning.rollout.agentic` (read it first):
+    :class:`~unirl_lightning.agentic.controller.AgenticRolloutController` drives. This class implements
+    the coordinator contract of :mod:`unirl_lightning.agentic.controller` (read it first):
     ``submit`` / ``poll`` / ``finalize_if_drained`` / ``abort``, plus ``suspended()``.
 
 How a drive runs (one background thread, started by ``submit``)
@@ -20,8 +20,8 @@ How a drive runs (one background thread, started by ``submit``)
     with the episode's return as its reward.
 
 Sampling seeds
-    Model turn ``t`` of the episode seeded ``s`` is sampled with :func:`~unirl_lightning.seeding.turn_seed`
-    ``(s, t)``, and a generation call with :func:`~unirl_lightning.seeding.call_seed` of its rows' turn
+    Model turn ``t`` of the episode seeded ``s`` is sampled with :func:`~unirl_lightning.core.seeding.turn_seed`
+    ``(s, t)``, and a generation call with :func:`~unirl_lightning.core.seeding.call_seed` of its rows' turn
     seeds: they depend only on which episode turns share the call, never on the drive that plays them.
 
 Truncated turns and the context budget (:class:`EpisodeSettings`)
@@ -69,10 +69,10 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from unirl_lightning.core.seeding import call_seed, turn_seed
 from unirl_lightning.envs.base import Environment, EnvStepError, Observation, safe_reset, safe_step
 from unirl_lightning.envs.spec import EnvSpec
 from unirl_lightning.rollout.records import AgenticRollout
-from unirl_lightning.seeding import call_seed, turn_seed
 
 __all__ = ["EpisodeCoordinator", "EpisodeRequest", "EpisodeSettings", "OnEnvError", "TruncatedTurn"]
 __all__ += ["call_seed", "observation_ids", "prompt_ids_of", "turn_closing_ids", "turn_seed"]

@@ -36,8 +36,8 @@ import pickle
 from dataclasses import dataclass, field
 from typing import Any
 
+from unirl_lightning.core.imports import import_object
 from unirl_lightning.envs.base import Environment
-from unirl_lightning.imports import import_object
 
 __all__ = ["EnvSpec", "import_environment_class", "resolve_environment"]
 

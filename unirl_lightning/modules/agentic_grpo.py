@@ -4,8 +4,8 @@ What it adds to :class:`~unirl_lightning.modules.grpo.GRPOModule` is only what i
 environment (a class path from YAML, validated by
 :func:`~unirl_lightning.envs.resolve_environment`), the turn limit, the tail policy and what an
 environment crash does. Its :meth:`rollout_spec` carries them as an
-:class:`~unirl_lightning.rollout.agentic_loop.AgenticSpec`, so the strategy installs the
-:class:`~unirl_lightning.rollout.agentic_loop.AgenticRolloutLoop` and the workers play episodes
+:class:`~unirl_lightning.agentic.loop.AgenticSpec`, so the strategy installs the
+:class:`~unirl_lightning.agentic.loop.AgenticRolloutLoop` and the workers play episodes
 turn by turn (:mod:`unirl_lightning.envs.coordinator`).
 
 Training is GRPOModule's, unchanged: one episode is one row (its initial observation as the
@@ -15,7 +15,7 @@ prompt record, the reward is the episode's return, and the loss is taken only wh
 environment tokens between turns, whose behaviour log-probs are 0. The trainer scores exactly the
 token ids the engine sampled. Staleness is counted from the version at which a group *completed*;
 ``max_turn_staleness`` also bounds the version of its oldest turn (see
-:mod:`unirl_lightning.rollout.agentic_loop`).
+:mod:`unirl_lightning.agentic.loop`).
 """
 
 from __future__ import annotations
@@ -23,14 +23,14 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from unirl_lightning.checks import require_at_least, require_choice
-from unirl_lightning.cli_types import NonNegativeInt, PositiveInt
+from unirl_lightning.agentic.controller import TailPolicy
+from unirl_lightning.agentic.loop import AgenticSpec
+from unirl_lightning.core.checks import require_at_least, require_choice
+from unirl_lightning.core.types import NonNegativeInt, PositiveInt
 from unirl_lightning.envs import EnvSpec, OnEnvError, resolve_environment
 from unirl_lightning.envs.coordinator import TruncatedTurn
 from unirl_lightning.modules.grpo import GRPOModule
 from unirl_lightning.modules.spec import RolloutSpec
-from unirl_lightning.rollout.agentic import TailPolicy
-from unirl_lightning.rollout.agentic_loop import AgenticSpec
 
 
 class AgenticGRPOModule(GRPOModule):

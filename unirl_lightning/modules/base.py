@@ -52,15 +52,15 @@ from unirl_lightning.callbacks import (
     WeightSyncCallback,
     WeightVersionLogger,
 )
-from unirl_lightning.checks import require_at_least
+from unirl_lightning.core.checks import require_at_least
+from unirl_lightning.core.preflight import fused_optimizer_allowed, precision_warning
+from unirl_lightning.distributed.sharding import full_tensor
 from unirl_lightning.modules.context import StepContext
 from unirl_lightning.modules.microbatch import MicroBatch, MicroBatcher
 from unirl_lightning.modules.optim import LOW_PRECISION_DTYPES, adamw, upcast_trainable_parameters
 from unirl_lightning.modules.ranks import distributed_world_size, mean_over_ranks
 from unirl_lightning.modules.schedule import LRSchedule, check_schedule, lr_factor
 from unirl_lightning.modules.spec import RolloutSpec
-from unirl_lightning.preflight import fused_optimizer_allowed, precision_warning
-from unirl_lightning.sharding import full_tensor
 from unirl_lightning.weight_sync.base import set_serving_dtype
 
 
@@ -303,8 +303,8 @@ class PolicyGradientModule(RLModule):
     # -- shared machinery -----------------------------------------------------------------------
     def build_optimizer(self) -> torch.optim.Optimizer:
         """AdamW over the policy's trainable parameters, fused where the trainer's precision allows it
-        (:func:`~unirl_lightning.preflight.fused_optimizer_allowed`; a warning names the fix when the
-        module computes in a low dtype of its own, :func:`~unirl_lightning.preflight.precision_warning`)."""
+        (:func:`~unirl_lightning.core.preflight.fused_optimizer_allowed`; a warning names the fix when the
+        module computes in a low dtype of its own, :func:`~unirl_lightning.core.preflight.precision_warning`)."""
         params = [p for p in self.policy.parameters() if p.requires_grad]
         trainer = self.attached_trainer()
         precision = trainer.precision if trainer is not None else None

@@ -36,15 +36,17 @@ from unirl_lightning.algorithms import (
     truncated_completions,
 )
 from unirl_lightning.algorithms.kl import KLEstimator
-from unirl_lightning.checks import require_at_least, require_in_range
-from unirl_lightning.lora import LLM_LORA_TARGETS, LoraSpec, apply_lora
-from unirl_lightning.meta_init import (
+from unirl_lightning.core.checks import require_at_least, require_in_range
+from unirl_lightning.core.preflight import chat_template_warning
+from unirl_lightning.distributed.meta_init import (
     fill_from_rank0,
     full_states,
     launched_as_local_rank_above_zero,
     ranks_to_fill,
 )
-from unirl_lightning.models import PretrainedCausalLM, TinyCausalLM
+from unirl_lightning.distributed.sharding import shard_children
+from unirl_lightning.models.causal_lm import PretrainedCausalLM, TinyCausalLM
+from unirl_lightning.models.lora import LLM_LORA_TARGETS, LoraSpec, apply_lora
 from unirl_lightning.modules.base import PolicyGradientModule
 from unirl_lightning.modules.context import TokenContext
 from unirl_lightning.modules.loss_settings import MismatchCorrection, OldLogprob, PolicyLossSettings
@@ -57,11 +59,9 @@ from unirl_lightning.modules.tokens import (
     enable_gradient_checkpointing,
     sequence_logprobs,
 )
-from unirl_lightning.preflight import chat_template_warning
 from unirl_lightning.rewards import ExactMatchReward, Reward, resolve_reward
 from unirl_lightning.rollout.batches import ExperienceBatch
 from unirl_lightning.rollout.records import SamplingParams
-from unirl_lightning.sharding import shard_children
 
 __all__ = ["CausalLMModule", "OldLogprob"]
 
@@ -153,7 +153,7 @@ class CausalLMModule(PolicyGradientModule):
             global rank 0's weights in ``configure_model``, on its training device (DDP: a broadcast
             of every parameter and buffer; FSDP2: each rank keeps its shard of rank 0's full state),
             so the host holds one copy of the model per node instead of one per rank
-            (:mod:`unirl_lightning.meta_init`). False: every rank loads its own. A single process
+            (:mod:`unirl_lightning.distributed.meta_init`). False: every rank loads its own. A single process
             always loads. A launch setting, not a training one: not saved in the checkpoint's
             hyperparameters.
     """
@@ -297,7 +297,7 @@ class CausalLMModule(PolicyGradientModule):
         device mesh) every network of the module is sharded with FSDP2, one shard group per
         transformer block. With ``load_once_per_node``, when some rank built its networks on the meta
         device, every rank then gets global rank 0's parameters and buffers on its training device
-        (:func:`~unirl_lightning.meta_init.fill_from_rank0`; under FSDP2 rank 0's full state is taken
+        (:func:`~unirl_lightning.distributed.meta_init.fill_from_rank0`; under FSDP2 rank 0's full state is taken
         before sharding and each rank keeps its shard). Lightning calls this after :meth:`setup`, so
         the KL reference and the float32 masters are filled too, and before the strategy wraps the
         module or pushes weights. Idempotent: a second call finds nothing on the meta device."""

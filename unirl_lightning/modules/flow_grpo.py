@@ -30,9 +30,9 @@ from lightning.pytorch.callbacks import Callback
 from unirl_lightning.algorithms import group_advantages, ppo_clip_loss, sde_step
 from unirl_lightning.algorithms.flow import flow_grpo_kl, sde_std_dev_t
 from unirl_lightning.callbacks import SampleImageLogger
-from unirl_lightning.checks import require_at_least, require_in_range
-from unirl_lightning.lora import LoraSpec, apply_lora
-from unirl_lightning.models_diffusion import SD3FlowModel, TinyFlowModel, guided_velocity
+from unirl_lightning.core.checks import require_at_least, require_in_range
+from unirl_lightning.models.diffusion import SD3FlowModel, TinyFlowModel, guided_velocity
+from unirl_lightning.models.lora import LoraSpec, apply_lora
 from unirl_lightning.modules.base import PolicyGradientModule
 from unirl_lightning.modules.context import FlowContext
 from unirl_lightning.modules.microbatch import MicroBatch, MicroBatcher

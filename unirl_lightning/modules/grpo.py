@@ -17,7 +17,7 @@ from typing import Any, Literal
 import torch
 
 from unirl_lightning.algorithms import GroupStd, group_advantages, rloo_advantages
-from unirl_lightning.checks import require_at_least, require_choice
+from unirl_lightning.core.checks import require_at_least, require_choice
 from unirl_lightning.modules.causal_lm import CausalLMModule
 from unirl_lightning.modules.context import TokenContext
 from unirl_lightning.modules.spec import RolloutSpec

@@ -23,7 +23,7 @@ from unirl_lightning.algorithms import (
     truncated_importance_weights,
 )
 from unirl_lightning.algorithms.kl import KLEstimator
-from unirl_lightning.checks import require_at_least, require_choice, require_in_range, require_positive
+from unirl_lightning.core.checks import require_at_least, require_choice, require_in_range, require_positive
 
 __all__ = ["MismatchCorrection", "OldLogprob", "PolicyLossSettings"]
 

@@ -27,7 +27,7 @@ from typing import Any
 
 import torch
 
-from unirl_lightning.checks import require_at_least
+from unirl_lightning.core.checks import require_at_least
 from unirl_lightning.modules.context import StepContext
 from unirl_lightning.modules.ranks import global_token_count, max_over_ranks
 from unirl_lightning.modules.tokens import TOKEN_FIELDS, row_widths

@@ -31,8 +31,8 @@ from unirl_lightning.algorithms import (
     masked_mean,
     masked_whiten,
 )
-from unirl_lightning.checks import require_at_least, require_in_range, require_positive
-from unirl_lightning.lora import LLM_LORA_TARGETS, apply_lora
+from unirl_lightning.core.checks import require_at_least, require_in_range, require_positive
+from unirl_lightning.models.lora import LLM_LORA_TARGETS, apply_lora
 from unirl_lightning.modules.causal_lm import CausalLMModule
 from unirl_lightning.modules.context import PPOContext
 from unirl_lightning.modules.tokens import enable_gradient_checkpointing

@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 from typing import Literal
 
-from unirl_lightning.checks import require_at_least, require_choice
+from unirl_lightning.core.checks import require_at_least, require_choice
 
 __all__ = ["LRSchedule", "lr_factor", "check_schedule"]
 

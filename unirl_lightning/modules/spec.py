@@ -6,7 +6,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from unirl_lightning.rollout.agentic_loop import AgenticSpec
+from unirl_lightning.agentic.loop import AgenticSpec
 from unirl_lightning.rollout.records import PolicyFamily
 
 __all__ = ["RolloutSpec"]
@@ -26,9 +26,9 @@ class RolloutSpec:
         family: ``"token"`` (causal LMs) or ``"diffusion"``; ``engine="auto"`` serves it with the
             family's default engine, and the family's runtime schedules its requests
             (:data:`unirl_lightning.runtime.batch.SCHEDULING`).
-        agentic: multi-turn episodes (:class:`~unirl_lightning.rollout.agentic_loop.AgenticSpec`:
+        agentic: multi-turn episodes (:class:`~unirl_lightning.agentic.loop.AgenticSpec`:
             environment, tail policy, environment errors); the strategy then drives an
-            :class:`~unirl_lightning.rollout.agentic_loop.AgenticRolloutLoop`. None = single-turn.
+            :class:`~unirl_lightning.agentic.loop.AgenticRolloutLoop`. None = single-turn.
         filter_groups: drop groups whose rewards are all equal before training and launch more
             prompts until the step's batch is full (DAPO's dynamic sampling; batch runtime only).
         max_filter_launches_per_step: the most extra requests one step may launch to replace

@@ -12,7 +12,7 @@ from typing import Any
 import torch
 
 from unirl_lightning.algorithms import entropy_from_logits, token_logprobs
-from unirl_lightning.lora import unwrapped
+from unirl_lightning.models.lora import unwrapped
 
 __all__ = [
     "SEQUENCE_UNIT_METRICS",

@@ -7,7 +7,7 @@ Call them through :func:`score_batch`, which checks the result and wraps failure
 :class:`RewardError`. See :mod:`unirl_lightning.rewards.base` for the contract.
 """
 
-from unirl_lightning.imports import import_callable
+from unirl_lightning.core.imports import import_callable
 from unirl_lightning.rewards.base import ExactMatchReward, FormatReward, Reward, RewardError
 from unirl_lightning.rewards.callable import CallableReward, is_batched_function, resolve_reward
 from unirl_lightning.rewards.code import CodeExecutionReward

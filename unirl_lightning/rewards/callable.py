@@ -16,7 +16,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from unirl_lightning.imports import absolute_file_path, import_callable
+from unirl_lightning.core.imports import absolute_file_path, import_callable
 from unirl_lightning.rewards.base import Reward
 
 __all__ = ["CallableFunction", "CallableReward", "is_batched_function", "resolve_reward", "run_coroutine"]

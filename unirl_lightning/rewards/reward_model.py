@@ -27,7 +27,7 @@ import os
 import tempfile
 from typing import Any, Literal
 
-from unirl_lightning.checks import require_at_least, require_choice
+from unirl_lightning.core.checks import require_at_least, require_choice
 from unirl_lightning.rewards.base import Reward
 
 __all__ = ["RewardModelReward", "build_tiny_reward_model"]
@@ -240,7 +240,7 @@ def build_tiny_reward_model(
     import torch
     from transformers import LlamaConfig, LlamaForSequenceClassification
 
-    from unirl_lightning.prompts import build_char_tokenizer
+    from unirl_lightning.core.prompts import build_char_tokenizer
 
     tokenizer = build_char_tokenizer()
     if chat_template is not None:

@@ -49,7 +49,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from unirl_lightning.checks import require_at_least
+from unirl_lightning.core.checks import require_at_least
 from unirl_lightning.rollout.interrupts import SuspendedJobs
 
 __all__ = [
@@ -325,9 +325,10 @@ class BatchRolloutController:
     Args:
         launch: ``launch(request) -> GenerationHandle``; starts one generation without blocking.
         complete: ``complete(gen_id, weight_version, result) -> groups``; turns one finished
-            generation into the groups to buffer (default: the result is one group). Do every
-            fallible step here before touching outside state: a raise leaves the job in flight and
-            it is completed again on the next ``poll``.
+            generation into the groups to buffer (default: the result is one group; a
+            :class:`~unirl_lightning.rollout.loop.RolloutLoop` sets its own with
+            :meth:`complete_with`). Do every fallible step here before touching outside state: a
+            raise leaves the job in flight and it is completed again on the next ``poll``.
         start_gen_id: the first ``gen_id`` handed out (e.g. the resume step).
         start_weight_version: the weight version the generators hold now.
 
@@ -356,6 +357,10 @@ class BatchRolloutController:
         self._pool = InflightPool()
         self._buffer = VersionedBuffer()
         self._suspended = SuspendedJobs()  # interrupted jobs between quiesce and resume
+
+    def complete_with(self, complete: Complete) -> None:
+        """Set the ``complete`` hook (the loop that drives this controller sets its own)."""
+        self._complete = complete
 
     @property
     def weight_version(self) -> int:
@@ -480,23 +485,30 @@ class BatchRolloutController:
         """Return every group evicted as over-stale since the last call, once."""
         return self._buffer.pop_evicted()
 
-    def sync_weights(self, push: Callable[[int], Any]) -> int:
-        """Push new weights to the generators and advance the version ledger; returns the new version.
-
-        Refuses (``RuntimeError``) while any job is in flight: a generation must never straddle
-        two weight versions. If ``push`` raises, the version is not bumped.
-        """
+    def require_idle(self) -> None:
+        """Raise ``RuntimeError`` while any job is in flight: a generation must never straddle two
+        weight versions (call :meth:`quiesce` first). The check before every push."""
         if self._pool:
             gen_ids = self._pool.gen_ids()
             raise RuntimeError(
                 f"sync_weights refused: {len(gen_ids)} generation(s) still in flight (gen_ids {gen_ids}); "
                 f"call quiesce() first so that no rollout straddles two weight versions"
             )
-        new_version = self._weight_version + 1
-        push(new_version)
-        self._weight_version = new_version
-        logger.info("pushed weights to the generators: weight_version=%d", new_version)
-        return new_version
+
+    def advance_version(self) -> int:
+        """Record that the generators now hold the next weights; returns the new version. Call it
+        after the push succeeded (a push that raised leaves the version where it was)."""
+        self.require_idle()
+        self._weight_version += 1
+        logger.info("pushed weights to the generators: weight_version=%d", self._weight_version)
+        return self._weight_version
+
+    def sync_weights(self, push: Callable[[int], Any]) -> int:
+        """:meth:`require_idle`, ``push(new_version)``, :meth:`advance_version`: the sync for a
+        controller used on its own (the runtime spells the three steps out)."""
+        self.require_idle()
+        push(self._weight_version + 1)
+        return self.advance_version()
 
 
 def launch_ceiling(rollout_id: int, sync_interval: int, max_staleness: int, num_rollouts: int) -> int:

@@ -43,8 +43,8 @@ import dataclasses
 from collections.abc import Callable
 from typing import Any
 
-from unirl_lightning.rollout.records import PartialRow, RolloutRequest
-from unirl_lightning.seeding import derive_seed
+from unirl_lightning.core.seeding import derive_seed
+from unirl_lightning.rollout.records import GenerationResult, PartialRow, RolloutRequest
 
 __all__ = ["ChunkedGeneration", "SuspendedJobs", "chunked_launch"]
 
@@ -133,7 +133,7 @@ class ChunkedGeneration:
         """Fold the finished chunk into the job (complete-or-nothing), then forget its handle;
         ``interrupted``: the chunk ends at an interrupt (its spans say so when rows stay unfinished)."""
         result = self._pending.result()
-        returned = [rollout for group in result["groups"] for rollout in group]
+        returned = [rollout for group in result.groups for rollout in group]
         if len(returned) != len(self._sent):
             raise RuntimeError(
                 f"chunk {self.chunks} of gen_id {self.request.gen_id} returned {len(returned)} rows for "
@@ -149,10 +149,10 @@ class ChunkedGeneration:
                 del rows[key]
                 done[key] = rollout
         cut = interrupted and bool(rows)
-        spans = [{**span, "chunk": self.chunks, "interrupted": cut} for span in result.get("spans", ())]
+        spans = [{**span, "chunk": self.chunks, "interrupted": cut} for span in result.spans]
         self.rows, self.done = rows, done
-        self.generate_s += result["generate_s"]
-        self.score_s += result["score_s"]
+        self.generate_s += result.generate_s
+        self.score_s += result.score_s
         self.spans.extend(spans)
         self.chunks += 1
         self._pending = None
@@ -182,7 +182,7 @@ class ChunkedGeneration:
             if self._advance() and self._pending is not None:
                 return  # a failed chunk: result() raises
 
-    def result(self) -> dict[str, Any]:
+    def result(self) -> GenerationResult:
         """The job's whole result (see the module docstring); raises the failure of a chunk, and
         ``RuntimeError`` for a suspended job (resume it first)."""
         self._relaunch()
@@ -199,7 +199,7 @@ class ChunkedGeneration:
             [self.done[index, sample] for sample in range(self.request.n)]
             for index in range(len(self.request.records))
         ]
-        return {"groups": groups, "generate_s": self.generate_s, "score_s": self.score_s, "spans": self.spans}
+        return GenerationResult(groups, generate_s=self.generate_s, score_s=self.score_s, spans=self.spans)
 
     # -- interrupts -------------------------------------------------------------------------------
     def interrupt(self) -> bool:

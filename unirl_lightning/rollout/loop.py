@@ -48,6 +48,7 @@ from collections.abc import Callable, Iterable
 from typing import Any, Literal
 
 from unirl_lightning.rollout.controller import BatchRolloutController, StampedGroup, launch_ceiling
+from unirl_lightning.rollout.records import GenerationResult
 from unirl_lightning.rollout.stream import PromptStream
 
 RolloutOrder = Literal["launch_first", "poll_first"]
@@ -199,6 +200,8 @@ class RolloutLoop:
         self.wall_clock = wall_clock
         self.prompts = prompts
         self.controller = controller
+        if controller is not None:  # the loop stamps and records what it launched
+            controller.complete_with(self.complete)
         self.collate = collate
         self.build_request = build_request
         self.max_staleness = max_staleness
@@ -227,7 +230,7 @@ class RolloutLoop:
         self.generate_s = 0.0  # generation time of the jobs reaped since the last batch
         self.score_s = 0.0  # reward time of the jobs reaped since the last batch
         self.groups_per_step: int | None = None
-        # an optional span recorder (``unirl_lightning.timeline.Timeline``: ``span(name, start, end,
+        # an optional span recorder (``unirl_lightning.core.timeline.Timeline``: ``span(name, start, end,
         # **args)``), set by the runtime; None records nothing
         self.timeline: Any = None
 
@@ -337,13 +340,13 @@ class RolloutLoop:
             self.interrupt_dropped += 1
             self.untrained.pop(gen_id, None)
 
-    def complete(self, gen_id: int, weight_version: int, result: dict[str, Any]) -> list[Any]:
+    def complete(self, gen_id: int, weight_version: int, result: GenerationResult) -> list[Any]:
         """The controller's ``complete`` hook: stamp every sample with the launch-time version."""
-        for group in result["groups"]:
+        for group in result.groups:
             for rollout in group:
                 rollout.gen_id = gen_id
                 rollout.weight_version = weight_version
-        groups = result["groups"]
+        groups = result.groups
         if self.filter_groups:
             kept = [group for group in groups if not zero_variance(group)]
             self.filtered_groups += len(groups) - len(kept)
@@ -351,10 +354,10 @@ class RolloutLoop:
                 self.untrained.pop(gen_id, None)
                 self.recent_filtered_gen_ids.append(gen_id)
             groups = kept
-        self.generate_s += result["generate_s"]
-        self.score_s += result["score_s"]
+        self.generate_s += result.generate_s
+        self.score_s += result.score_s
         if self.timeline is not None:
-            for span in result.get("spans", ()):
+            for span in result.spans:
                 self.timeline.span(
                     "generate (interrupted)" if span.get("interrupted") else "generate",
                     span["start"],

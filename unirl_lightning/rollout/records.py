@@ -1,7 +1,8 @@
 """Records that cross the driver/worker boundary (standard library only).
 
-Contract: a :class:`RolloutRequest` goes from the driver to a worker; the worker answers with one
-group (a list of :class:`Rollout`) per prompt record, every sample already scored. Everything here
+Contract: a :class:`RolloutRequest` goes from the driver to a worker; the worker answers with a
+:class:`GenerationResult`: one group (a list of :class:`Rollout`) per prompt record, every sample
+already scored, and the call's timings and timeline spans. Everything here
 pickles (Ray ships it between processes) and imports without torch, so the driver-side controller
 and the environment coordinator can use it. The torch batches the driver collates the groups into
 live in :mod:`unirl_lightning.rollout.batches`.
@@ -12,8 +13,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
-from unirl_lightning.checks import require_at_least, require_in_range
-from unirl_lightning.seeding import derive_seed
+from unirl_lightning.core.checks import require_at_least, require_in_range
+from unirl_lightning.core.seeding import derive_seed
 
 FinishReason = Literal["stop", "length", "aborted"]
 PolicyFamily = Literal["token", "diffusion"]
@@ -245,6 +246,32 @@ class AgenticRollout(Rollout):
     context_limited: bool = False  # ended by the context budget (max_context_tokens / max_model_len)
     env_error: str | None = None  # the EnvStepError message when the environment crashed (never trained)
     generate_s: float = 0.0  # this episode's share of the generation calls' time
+
+
+@dataclass
+class GenerationResult:
+    """What one generation call answers: a worker's part of a request, a whole request (its parts
+    merged, in worker order) or a chunked request's chunks folded together.
+
+    Args:
+        groups: one group of samples per prompt record, in the request's order, every sample scored.
+        generate_s: seconds generating (a merged call: its slowest part's).
+        score_s: seconds scoring (a merged call: its slowest part's).
+        span: a worker's own stamp of its part, ``{"start", "end"}`` on the worker's wall clock.
+        spans: a merged call's timeline spans on the driver's clock, one per part (``worker``,
+            ``start``, ``end``, ``samples``, ``completion_tokens``; a chunk adds ``chunk`` and
+            ``interrupted``).
+        score_span: a reward worker's stamp of its scoring (``start``, ``end``, ``reward_worker``).
+        score_spans: a merged call's reward-worker stamps.
+    """
+
+    groups: list[list[Any]]
+    generate_s: float = 0.0
+    score_s: float = 0.0
+    span: dict[str, Any] | None = None
+    spans: list[dict[str, Any]] = field(default_factory=list)
+    score_span: dict[str, Any] | None = None
+    score_spans: list[dict[str, Any]] = field(default_factory=list)
 
 
 @dataclass(frozen=True)

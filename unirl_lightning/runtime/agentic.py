@@ -2,8 +2,8 @@
 
 Composes the workers' episode coordinators (:class:`~unirl_lightning.workers.agentic.WorkerEpisodeCoordinator`
 over :class:`~unirl_lightning.workers.agentic_actor.AgenticRolloutWorker` actors), an
-:class:`~unirl_lightning.rollout.agentic.AgenticRolloutController` (completion-time version stamps,
-one drive at a time, carry/drop tail) and an :class:`~unirl_lightning.rollout.agentic_loop.AgenticRolloutLoop`.
+:class:`~unirl_lightning.agentic.controller.AgenticRolloutController` (completion-time version stamps,
+one drive at a time, carry/drop tail) and an :class:`~unirl_lightning.agentic.loop.AgenticRolloutLoop`.
 Evaluation plays whole episodes on the workers (read-only), taking turns with a live drive.
 """
 
@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from unirl_lightning.rollout.agentic import AgenticRolloutController
-from unirl_lightning.rollout.agentic_loop import AgenticRolloutLoop
+from unirl_lightning.agentic.controller import AgenticRolloutController
+from unirl_lightning.agentic.loop import AgenticRolloutLoop
 from unirl_lightning.runtime.base import RolloutRuntime
 from unirl_lightning.workers.agentic import WorkerEpisodeCoordinator
 from unirl_lightning.workers.agentic_actor import AgenticRolloutWorker

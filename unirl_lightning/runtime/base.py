@@ -26,6 +26,7 @@ import time
 from collections.abc import Callable
 from typing import Any, ClassVar
 
+from unirl_lightning.core.timeline import Timeline
 from unirl_lightning.engines import EngineConfig, resolve_engine
 from unirl_lightning.runtime.devices import (
     OffloadedState,
@@ -45,7 +46,6 @@ from unirl_lightning.runtime.settings import (
     cpu_threads,
     rank_share,
 )
-from unirl_lightning.timeline import Timeline
 
 __all__ = [
     "Placement",
@@ -119,7 +119,7 @@ class RolloutRuntime:
         whose overlap check must fail readably before a push can fail inside NCCL), and push the
         trainer's weights at the current version (a resumed ledger's, when a checkpoint was loaded
         before)."""
-        from unirl_lightning.workers.factory import worker_group_class
+        from unirl_lightning.workers.factory import WorkerGroupSpec, worker_group_class
 
         self.check()
         spec, settings = self.spec, self.settings
@@ -132,22 +132,24 @@ class RolloutRuntime:
         engine = self.engine_config()
         if settings.in_process and hasattr(engine, "device"):  # the engine works on the trainer's device
             engine = dataclasses.replace(engine, device=str(policy_device(policy)))
-        self.workers = worker_group_class(settings.placement)(
-            engine,
-            spec.policy,
-            spec.lora,
-            reward=None if self.reward_pool is not None else spec.reward,
-            reward_pool=self.reward_pool,
-            num_workers=settings.num_workers,
-            num_cpus_per_worker=settings.num_cpus_per_worker,
-            num_gpus_per_worker=settings.num_gpus_per_worker,
-            resources_per_worker=settings.worker_resources,
-            layout=settings.worker_layout,  # type: ignore[arg-type]
-            generation_timeout_s=settings.generation_timeout_s,
-            max_restarts=settings.max_worker_restarts,
-            worker_cls=self.actor_class(),
-            shares_trainer_device=settings.shares_trainer_device,
-            share_weights=settings.sync_interval == 1,
+        self.workers = worker_group_class(settings.placement).from_spec(
+            WorkerGroupSpec(
+                engine,
+                spec.policy,
+                spec.lora,
+                reward=None if self.reward_pool is not None else spec.reward,
+                reward_pool=self.reward_pool,
+                worker_cls=self.actor_class(),
+                num_workers=settings.num_workers,
+                num_cpus_per_worker=settings.num_cpus_per_worker,
+                num_gpus_per_worker=settings.num_gpus_per_worker,
+                resources_per_worker=settings.worker_resources,
+                layout=settings.worker_layout,
+                generation_timeout_s=settings.generation_timeout_s,
+                max_restarts=settings.max_worker_restarts,
+                shares_trainer_device=settings.shares_trainer_device,
+                share_weights=settings.sync_interval == 1,
+            )
         )
         self.workers.on_restart = self._push_to_replacement
         self._policy = policy
@@ -225,7 +227,7 @@ class RolloutRuntime:
             return
         import torch.distributed as dist
 
-        from unirl_lightning.sharding import is_sharded
+        from unirl_lightning.distributed.sharding import is_sharded
         from unirl_lightning.weight_sync.base import weight_tensors
 
         several_ranks = dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
@@ -290,27 +292,24 @@ class RolloutRuntime:
             self.loop.blocked_s += quiesce_s  # generation the trainer waited for was not hidden
         if after_quiesce is not None:
             after_quiesce()
-        stats: dict[str, Any] = {}
+        ctl.require_idle()  # a generation must never straddle two weight versions
+        self.workers.ensure_alive(min(30.0, self.settings.generation_timeout_s))  # nothing in flight
+        version = ctl.weight_version + 1
         colocate = self.workers.shares_trainer_device
-
-        def push(new_version: int) -> None:
-            self.workers.ensure_alive(min(30.0, self.settings.generation_timeout_s))  # nothing in flight
-            if colocate:  # make room on the shared device, then wake the weights for the push
-                if self.settings.offload_optimizer:
-                    self._offloaded += optimizers_to_host(optimizers)
-                free_trainer_memory(policy_device(policy))
-                self.workers.call("wake", ["weights"])
-            with self.timeline.measure("sync/push", cat="sync", version=new_version):
-                result = self.weight_sync.push(policy, self.workers, new_version)
-            if colocate:  # the KV cache for the next generation
-                self.workers.call("wake", ["kv_cache"])
-            stats.update(time_s=result.time_s, bytes=result.bytes)
-
-        version = ctl.sync_weights(push)
+        if colocate:  # make room on the shared device, then wake the weights for the push
+            if self.settings.offload_optimizer:
+                self._offloaded += optimizers_to_host(optimizers)
+            free_trainer_memory(policy_device(policy))
+            self.workers.call("wake", ["weights"])
+        with self.timeline.measure("sync/push", cat="sync", version=version):
+            result = self.weight_sync.push(policy, self.workers, version)
+        if colocate:  # the KV cache for the next generation
+            self.workers.call("wake", ["kv_cache"])
+        version = ctl.advance_version()  # only after the push succeeded
         self._after_push(ctl)
         return {
-            "sync/time_s": stats["time_s"],
-            "sync/bytes": float(stats["bytes"]),
+            "sync/time_s": result.time_s,
+            "sync/bytes": float(result.bytes),
             "sync/quiesce_s": quiesce_s,
             "sync/weight_version": float(version),
         }

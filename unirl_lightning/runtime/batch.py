@@ -13,12 +13,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from unirl_lightning.core.seeding import derive_seed
 from unirl_lightning.rollout.controller import BatchRolloutController
 from unirl_lightning.rollout.interrupts import chunked_launch
 from unirl_lightning.rollout.loop import RolloutLoop, RolloutOrder
 from unirl_lightning.rollout.records import RolloutRequest
 from unirl_lightning.runtime.base import RolloutRuntime
-from unirl_lightning.seeding import derive_seed
 
 __all__ = ["DIFFUSION_MAX_INFLIGHT_REASON", "SCHEDULING", "BatchRuntime", "Scheduling"]
 
@@ -83,9 +83,8 @@ class BatchRuntime(RolloutRuntime):
             if self.signal is None:
                 self.signal = InterruptSignal.create()
             launch = chunked_launch(launch, self.settings.interrupt_chunk_tokens, self.signal)
-        return BatchRolloutController(
+        return BatchRolloutController(  # the loop (make_loop) sets how a launch completes
             launch,
-            complete=lambda gen_id, version, result: self.loop.complete(gen_id, version, result),
             start_gen_id=state.get("next_gen_id", 0),
             start_weight_version=state.get("weight_version", 0),
         )
@@ -127,7 +126,7 @@ class BatchRuntime(RolloutRuntime):
 
     def evaluate(self, records: list[dict[str, Any]], sampling: Any, n: int, seed: int) -> list[list[Any]]:
         request = RolloutRequest(records=records, n=n, sampling=sampling, seed=seed, gen_id=-1)
-        return self.workers.generate(request).result()["groups"]
+        return self.workers.generate(request).result().groups
 
     def shutdown(self) -> None:
         super().shutdown()

@@ -8,17 +8,18 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
-from unirl_lightning.checks import require_at_least, require_choice, require_positive
-from unirl_lightning.engines import check_engine_name
-from unirl_lightning.preflight import (
+from unirl_lightning.core.checks import require_at_least, require_choice, require_positive
+from unirl_lightning.core.preflight import (
     IN_PROCESS_PLACEMENTS,
     SHARED_DEVICE_PLACEMENTS,
     Placement,
+    SyncMode,
     WorkerLayout,
     interrupt_placement_error,
     placement_schedule_error,
 )
-from unirl_lightning.seeding import global_seed, rank_seed
+from unirl_lightning.core.seeding import global_seed, rank_seed
+from unirl_lightning.engines import check_engine_name
 
 __all__ = [
     "Placement",
@@ -75,10 +76,10 @@ class RewardWorkers:
             require_positive(f"reward_workers.resources_per_worker[{key!r}]", amount)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class RolloutSettings:
     """The strategy's rollout settings (its ``init_rollout`` arguments, documented there), checked
-    once here; ``rank`` and ``worker_threads`` are filled in at setup."""
+    once here and built by keyword; ``rank`` and ``worker_threads`` are filled in at setup."""
 
     engine: Any
     max_staleness: int
@@ -86,7 +87,7 @@ class RolloutSettings:
     num_workers: int
     num_cpus_per_worker: float
     num_gpus_per_worker: float
-    placement: str
+    placement: Placement
     seed: int | None  # None: seed_everything's seed (global_seed), resolved when the record is built
     trainer_threads: int | None
     generation_timeout_s: float
@@ -94,10 +95,10 @@ class RolloutSettings:
     rank: int = 0
     worker_threads: int | None = None  # the CPU rule's share of each local worker (engines on "auto")
     worker_resources: dict[str, float] | None = None
-    worker_layout: str = "actor"
+    worker_layout: WorkerLayout = "actor"
     offload_optimizer: bool = False
     reward_workers: RewardWorkers | None = None  # None: the rollout workers score
-    sync_mode: str = "quiesce"
+    sync_mode: SyncMode = "quiesce"
     interrupt_chunk_tokens: int = 32
     sync_interval: int = 1  # the weight-sync cadence (WeightSyncCallback's every_n_steps), filled at setup
 

@@ -18,12 +18,8 @@ import torch
 import torch.distributed as dist
 from lightning.pytorch.accelerators import CPUAccelerator
 
-from unirl_lightning.abort import CrossRankAbort
-from unirl_lightning.checkpoint_io import AtomicCheckpointIO
-from unirl_lightning.checks import require_positive
-from unirl_lightning.cli_types import NonNegativeInt, PositiveInt
-from unirl_lightning.engines import EngineConfig, EngineName, engine_name
-from unirl_lightning.preflight import (
+from unirl_lightning.core.checks import require_positive
+from unirl_lightning.core.preflight import (
     SyncMode,
     WorkerLayout,
     collective_device_error,
@@ -33,6 +29,9 @@ from unirl_lightning.preflight import (
     sync_replacement_error,
     weight_sync_placement_error,
 )
+from unirl_lightning.core.types import NonNegativeInt, PositiveInt
+from unirl_lightning.distributed.abort import CrossRankAbort
+from unirl_lightning.engines import EngineConfig, EngineName, engine_name
 from unirl_lightning.rollout.loop import DeferredBatch
 from unirl_lightning.runtime import (
     Placement,
@@ -42,6 +41,7 @@ from unirl_lightning.runtime import (
     rank_share,
     runtime_for,
 )
+from unirl_lightning.strategy.checkpoint_io import AtomicCheckpointIO
 from unirl_lightning.weight_sync import WeightSync, WeightSyncName, resolve_weight_sync, weight_sync_kind
 
 log = logging.getLogger(__name__)
@@ -92,7 +92,7 @@ class RolloutStrategyMixin:
             weights, lost requests are relaunched); past that the run fails naming the worker and why.
         abort_timeout_s: several training ranks: an exception on one rank (at setup, in a reward, a push
             or a training step) ends every other rank within this many seconds, with that rank's error
-            (:mod:`unirl_lightning.abort`), instead of leaving them in a collective until the process
+            (:mod:`unirl_lightning.distributed.abort`), instead of leaving them in a collective until the process
             group's ``timeout_s``; a rank that stops answering this long (killed) counts as failed.
         reward_workers: run the module's reward on Ray actors of its own instead of in the rollout
             workers (a learned reward model on its own GPUs): ``{num_workers, num_cpus_per_worker,
@@ -127,17 +127,17 @@ class RolloutStrategyMixin:
         self.abort_timeout_s = float(require_positive("abort_timeout_s", abort_timeout_s))
         self.cross_rank_abort: CrossRankAbort | None = None
         self.rollout = RolloutSettings(
-            engine,
-            int(max_staleness),
-            int(max_inflight),
-            int(num_workers),
-            num_cpus_per_worker,
-            num_gpus_per_worker,
-            placement,
-            seed,
-            trainer_threads,
-            generation_timeout_s,
-            int(max_worker_restarts),
+            engine=engine,
+            max_staleness=int(max_staleness),
+            max_inflight=int(max_inflight),
+            num_workers=int(num_workers),
+            num_cpus_per_worker=num_cpus_per_worker,
+            num_gpus_per_worker=num_gpus_per_worker,
+            placement=placement,
+            seed=seed,
+            trainer_threads=trainer_threads,
+            generation_timeout_s=generation_timeout_s,
+            max_worker_restarts=int(max_worker_restarts),
             worker_resources=worker_resources,
             worker_layout=worker_layout,
             offload_optimizer=offload_optimizer,
@@ -202,7 +202,7 @@ class RolloutStrategyMixin:
     """Whether the training ranks shard the model (FSDP): a replaced worker cannot be fed by gathering it."""
 
     def preflight(self, world_size: int) -> None:
-        """The setup rules of :mod:`unirl_lightning.preflight` that read the strategy alone, checked on every
+        """The setup rules of :mod:`unirl_lightning.core.preflight` that read the strategy alone, checked on every
         rank at the same point (so every rank refuses together), before any worker starts."""
         kind = weight_sync_kind(self.weight_sync)
         error = sync_replacement_error(kind, self.shards_model, world_size, self.rollout.max_worker_restarts)
@@ -271,7 +271,7 @@ class RolloutStrategyMixin:
             batch = self.runtime.resolve(batch, self.optimizers)
         return super().batch_to_device(batch, device, dataloader_idx)
 
-    # -- the two verbs callbacks use ------------------------------------------------------------
+    # -- the verbs callbacks use (when to push: WeightSyncCallback) ------------------------------
     def sync_weights(self) -> dict[str, float]:
         """Quiesce (wait for everything in flight), push the trainer's weights, bump the version. With
         several ranks every rank calls it at the same RL step (collective); a barrier ends it."""
@@ -287,26 +287,6 @@ class RolloutStrategyMixin:
         self.last_sync = stats
         self.pushed_step = self.rl_steps
         return self.last_sync
-
-    def sync_for_step(self) -> dict[str, float] | None:
-        """The push due at this RL step (every ``sync_interval`` steps), done once whoever asks first:
-        the weight-sync callback, or an evaluation that must score this step's update, in whatever
-        order the callbacks run. Returns the push's stats (the same on a second call at this step),
-        or None when no push is due. Every rank calls it at the same point (the push is collective)."""
-        step = self.rl_steps
-        if not self.sync_interval or step % self.sync_interval:
-            return None
-        if self.pushed_step != step:
-            self.sync_weights()
-        return self.last_sync
-
-    def sync_trained_weights(self) -> dict[str, float] | None:
-        """Push unless the workers already hold the last RL step's update (the end-of-training
-        evaluation scores the final weights); None when they do. Collective, like every push."""
-        step = self.rl_steps
-        if step == 0 or self.pushed_step == step:
-            return None
-        return self.sync_weights()
 
     def evaluate(
         self, records: list[dict[str, Any]], sampling: Any, n: int = 1, seed: int = 0
@@ -377,7 +357,7 @@ class RolloutStrategyMixin:
         super().teardown()
 
     def _end_for_peer(self, message: str) -> None:
-        """Another rank failed (:mod:`unirl_lightning.abort`): interrupt this rank's main thread, give it
+        """Another rank failed (:mod:`unirl_lightning.distributed.abort`): interrupt this rank's main thread, give it
         a moment to unwind (it cannot while blocked in a collective), then stop this rank's workers and
         exit with status 1. Runs on the abort thread."""
         grace = min(10.0, self.abort_timeout_s / 4)

@@ -19,7 +19,7 @@ from lightning.pytorch.strategies import (
     StrategyRegistry,
 )
 
-from unirl_lightning.checks import require_positive
+from unirl_lightning.core.checks import require_positive
 from unirl_lightning.runtime import runtime_for
 from unirl_lightning.strategy.mixin import RolloutStrategyMixin
 

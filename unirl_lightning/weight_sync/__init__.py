@@ -6,11 +6,11 @@ advances the version ledger. Backends: :class:`ObjectStoreWeightSync` (the Ray w
 :class:`CollectiveWeightSync` (a standalone torch.distributed group, gloo on CPU / nccl on GPU), and
 :class:`InProcessWeightSync` (the in-memory copy of ``placement="hybrid"``, its only backend).
 ``"auto"`` is the backend that goes with the placement's worker group
-(:func:`~unirl_lightning.preflight.resolve_weight_sync_name`).
+(:func:`~unirl_lightning.core.preflight.resolve_weight_sync_name`).
 """
 
-from unirl_lightning.checks import require_choice
-from unirl_lightning.preflight import WeightSyncName, resolve_weight_sync_name
+from unirl_lightning.core.checks import require_choice
+from unirl_lightning.core.preflight import WeightSyncName, resolve_weight_sync_name
 from unirl_lightning.weight_sync.base import PushTargets, SyncStats, WeightSync, named_weights
 from unirl_lightning.weight_sync.collective import CollectiveWeightSync
 from unirl_lightning.weight_sync.inprocess import InProcessWeightSync

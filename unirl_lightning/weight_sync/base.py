@@ -7,7 +7,7 @@ from typing import Any, Protocol
 
 import torch
 
-from unirl_lightning.sharding import full_tensor, is_sharded
+from unirl_lightning.distributed.sharding import full_tensor, is_sharded
 from unirl_lightning.weight_sync.buckets import cast_floating
 
 SERVING_DTYPE_ATTR = "_unirl_serving_dtype"
@@ -46,7 +46,7 @@ class WeightSync(Protocol):
 def weight_tensors(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     """The tensors an engine needs, by the names its own copy of the model uses, as the model holds
     them (a sharded model's are ``DTensor`` shards: read them whole with
-    :func:`~unirl_lightning.sharding.full_tensor`, or call :func:`named_weights`).
+    :func:`~unirl_lightning.distributed.sharding.full_tensor`, or call :func:`named_weights`).
 
     For a ``peft`` model with LoRA adapters only the adapter tensors are returned (adapter-only
     sync); otherwise every parameter and floating buffer of the model's state dict, each storage

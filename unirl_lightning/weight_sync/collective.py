@@ -21,8 +21,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from unirl_lightning.preflight import collective_backend, sync_replacement_error
-from unirl_lightning.sharding import full_tensor, is_sharded
+from unirl_lightning.core.preflight import collective_backend, sync_replacement_error
+from unirl_lightning.distributed.sharding import full_tensor, is_sharded
 from unirl_lightning.weight_sync.base import (
     PushTargets,
     SyncStats,
@@ -94,7 +94,7 @@ def receive_device(backend: str) -> torch.device:
 
 def _check_replaceable(tensors: dict[str, torch.Tensor], workers: PushTargets) -> None:
     """Refuse a model sharded over several ranks when workers may be replaced
-    (:func:`~unirl_lightning.preflight.sync_replacement_error`; the strategy's setup checks the same rule
+    (:func:`~unirl_lightning.core.preflight.sync_replacement_error`; the strategy's setup checks the same rule
     before any worker starts). Checked at every push too, so every rank refuses at the same point,
     before any collective."""
     world = dist.get_world_size() if dist.is_initialized() else 1
@@ -186,7 +186,7 @@ class CollectiveWeightSync:
             every rank, so both sides wait as long as the ranks wait for each other); with one rank
             :data:`SINGLE_RANK_TIMEOUT_S`.
         backend: ``"nccl"`` (CUDA), ``"gloo"``, or ``"auto"``: NCCL when the trainer is on CUDA and every
-            worker's actor holds a GPU, else gloo (:func:`~unirl_lightning.preflight.collective_backend`).
+            worker's actor holds a GPU, else gloo (:func:`~unirl_lightning.core.preflight.collective_backend`).
 
     Example::
 

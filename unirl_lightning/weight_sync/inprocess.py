@@ -30,9 +30,9 @@ from typing import Any
 
 import torch
 
-from unirl_lightning.checks import require_positive
-from unirl_lightning.lora import is_lora_push
-from unirl_lightning.sharding import full_tensor, is_sharded
+from unirl_lightning.core.checks import require_positive
+from unirl_lightning.distributed.sharding import full_tensor, is_sharded
+from unirl_lightning.models.lora import is_lora_push
 from unirl_lightning.weight_sync.base import (
     PushTargets,
     SyncStats,

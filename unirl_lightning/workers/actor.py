@@ -34,7 +34,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from unirl_lightning.rollout.records import RolloutRequest
+from unirl_lightning.rollout.records import GenerationResult, RolloutRequest
 from unirl_lightning.weight_sync.buckets import PackedWeights
 
 __all__ = ["RolloutWorker", "score_groups"]
@@ -84,7 +84,7 @@ class RolloutWorker:
         self._streamed_version: int | None = None  # the push being streamed (begin_weight_push)
         self._bucket_copies: list[Any] | None = None  # its buckets, for an engine that loads whole pushes
 
-    def generate(self, request: RolloutRequest) -> dict[str, Any]:
+    def generate(self, request: RolloutRequest) -> GenerationResult:
         started_at = time.time()  # wall clock: the driver maps it onto its own (timeline.clamp_span)
         start = time.perf_counter()
         chunked = getattr(request, "chunk_tokens", None) is not None  # sync_mode="interrupt"
@@ -97,12 +97,12 @@ class RolloutWorker:
         generate_s = time.perf_counter() - start
         if self.reward is not None:  # None: a reward worker pool scores (workers/reward.py)
             score_groups(self.reward, groups, request.records)
-        return {
-            "groups": groups,
-            "generate_s": generate_s,
-            "score_s": time.perf_counter() - start - generate_s,
-            "span": {"start": started_at, "end": time.time()},  # generation and scoring, worker clock
-        }
+        return GenerationResult(
+            groups,
+            generate_s=generate_s,
+            score_s=time.perf_counter() - start - generate_s,
+            span={"start": started_at, "end": time.time()},  # generation and scoring, worker clock
+        )
 
     def load_weights(self, named_tensors: Any, weight_version: int) -> int:
         if isinstance(named_tensors, PackedWeights):  # the object store's push: views of shared memory

@@ -1,8 +1,8 @@
 """The driver's handle on the episode coordinators inside the rollout workers.
 
 :class:`WorkerEpisodeCoordinator` implements the coordinator contract of
-:mod:`unirl_lightning.rollout.agentic` (plus ``suspended()``, see
-:class:`~unirl_lightning.rollout.agentic_loop.SuspendingCoordinator`) over a
+:mod:`unirl_lightning.agentic.controller` (plus ``suspended()``, see
+:class:`~unirl_lightning.agentic.loop.SuspendingCoordinator`) over a
 :class:`~unirl_lightning.workers.group.RolloutWorkerGroup`: every verb is one Ray call per worker,
 answered by that worker's :class:`~unirl_lightning.envs.coordinator.EpisodeCoordinator`, with a
 deadline.
@@ -33,10 +33,10 @@ from typing import Any
 
 import ray
 
+from unirl_lightning.agentic.controller import root_of
+from unirl_lightning.core.seeding import eval_episode_seed
 from unirl_lightning.envs.base import EnvStepError
 from unirl_lightning.envs.coordinator import EpisodeRequest
-from unirl_lightning.rollout.agentic import root_of
-from unirl_lightning.seeding import eval_episode_seed
 
 __all__ = ["WorkerEpisodeCoordinator"]
 

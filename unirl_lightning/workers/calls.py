@@ -18,10 +18,10 @@ Contract:
   whose generation finished is handed, by reference, to a reward worker, and is done once the scored
   result is back; a reward worker that dies or misses its deadline (the pool's ``deadline_s``) is
   replaced and the scoring relaunched on the same generation result (nothing is generated again).
-* Timeline stamps: ``result()["spans"]`` has one entry per part (``worker``, ``start``, ``end``,
+* Timeline stamps: ``result().spans`` has one entry per part (``worker``, ``start``, ``end``,
   ``samples``, ``completion_tokens``): the worker's own ``generate`` stamps clamped into the interval
   the driver observed, from the part's (last) launch to when its result was seen
-  (:func:`~unirl_lightning.timeline.clamp_span`).
+  (:func:`~unirl_lightning.core.timeline.clamp_span`).
 """
 
 from __future__ import annotations
@@ -31,9 +31,9 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from unirl_lightning.core.timeline import clamp_span
 from unirl_lightning.engines.base import is_engine_dead
-from unirl_lightning.rollout.records import Rollout, RolloutRequest
-from unirl_lightning.timeline import clamp_span
+from unirl_lightning.rollout.records import GenerationResult, Rollout, RolloutRequest
 
 __all__ = ["CallPart", "GenerationCall", "WorkerSubset", "merge_results"]
 
@@ -234,18 +234,18 @@ class GenerationCall:
                             self._group.deadline_s(part.request),
                         )
 
-    def result(self) -> dict[str, Any]:
+    def result(self) -> GenerationResult:
         import ray
 
         self.wait()
         return merge_results(ray.get([p.final_ref for p in self._parts]), self._parts)
 
 
-def _part_span(result: dict[str, Any], part: CallPart) -> dict[str, Any]:
+def _part_span(result: GenerationResult, part: CallPart) -> dict[str, Any]:
     """One part's ``generate`` span on the driver's clock (see the module docstring)."""
-    stamp = result.get("span") or {"start": part.launched_at, "end": part.reaped_at}
+    stamp = result.span or {"start": part.launched_at, "end": part.reaped_at}
     start, end = clamp_span(stamp["start"], stamp["end"], part.launched_at, part.reaped_at)
-    rollouts = [r for group in result["groups"] for r in group]
+    rollouts = [r for group in result.groups for r in group]
     tokens = sum(len(r.completion_ids) for r in rollouts if isinstance(r, Rollout))
     return {
         "worker": part.index,
@@ -256,21 +256,16 @@ def _part_span(result: dict[str, Any], part: CallPart) -> dict[str, Any]:
     }
 
 
-def merge_results(parts: list[dict[str, Any]], calls: list[CallPart] | None = None) -> dict[str, Any]:
+def merge_results(parts: list[GenerationResult], calls: list[CallPart] | None = None) -> GenerationResult:
     """One call's result from its parts' ``RolloutWorker.generate`` results (in worker order): every
     group, the slowest part's generation and scoring times, and one timeline span per part."""
-    groups: list[list[Rollout]] = []
-    for part in parts:
-        groups.extend(part["groups"])
-    return {
-        "groups": groups,
-        "generate_s": max(p["generate_s"] for p in parts),
-        "score_s": max(p["score_s"] for p in parts),
-        "spans": [_part_span(r, c) for r, c in zip(parts, calls or [])],
-        "score_spans": [
-            p["score_span"] for p in parts if "score_span" in p
-        ],  # reward workers' (clocks of theirs)
-    }
+    return GenerationResult(
+        [group for part in parts for group in part.groups],
+        generate_s=max(p.generate_s for p in parts),
+        score_s=max(p.score_s for p in parts),
+        spans=[_part_span(r, c) for r, c in zip(parts, calls or [])],
+        score_spans=[p.score_span for p in parts if p.score_span is not None],  # reward workers' clocks
+    )
 
 
 @dataclass

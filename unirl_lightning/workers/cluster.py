@@ -5,7 +5,7 @@ Contract:
 * :func:`ensure_ray` joins the cluster named by ``RAY_ADDRESS`` or starts a local Ray on demand
   (and only then owns it: :func:`shutdown_ray_if_owned` stops it). A local Ray lives in a temp
   folder of its own, removed at shutdown, and a watchdog process
-  (:mod:`unirl_lightning.ray_watchdog`) ends every process of it within a second or so of the
+  (:mod:`unirl_lightning.workers.watchdog`) ends every process of it within a second or so of the
   driver's death, SIGKILL included.
 * A local Ray started for training ranks on GPUs (``trainer_devices``) sees only the GPUs none of
   them uses (:func:`~unirl_lightning.workers.placement.local_ray_gpus`), and fails at once when
@@ -34,8 +34,8 @@ from typing import Any
 import psutil
 import ray
 
-from unirl_lightning.ray_watchdog import start_watchdog, stop_watchdog
 from unirl_lightning.workers.placement import local_ray_gpus, only_gpus, visible_gpu_ids
+from unirl_lightning.workers.watchdog import start_watchdog, stop_watchdog
 
 __all__ = ["connect_ranks", "ensure_ray", "shutdown_ray_if_owned", "worker_runtime_env"]
 

@@ -34,6 +34,7 @@ from typing import Any
 
 import ray
 
+from unirl_lightning.core.preflight import WorkerLayout
 from unirl_lightning.rollout.records import RolloutRequest
 from unirl_lightning.workers.actor import RolloutWorker
 from unirl_lightning.workers.calls import GenerationCall, WorkerSubset, call_every, kill_actors
@@ -43,7 +44,8 @@ from unirl_lightning.workers.cluster import (
     shutdown_ray_if_owned,
     worker_runtime_env,
 )
-from unirl_lightning.workers.placement import Layout, check_free, place_workers
+from unirl_lightning.workers.factory import WorkerGroupSpec
+from unirl_lightning.workers.placement import check_free, place_workers
 
 __all__ = ["RolloutWorkerGroup", "WorkerSubset"]
 
@@ -77,7 +79,7 @@ class RolloutWorkerGroup:
         group = RolloutWorkerGroup(HFEngineConfig(), TinyCausalLM(), reward=ExactMatchReward(),
                                    num_workers=2, num_cpus_per_worker=1)
         pending = group.generate(RolloutRequest(records, n=8))
-        groups = pending.result()["groups"]
+        groups = pending.result().groups
     """
 
     def __init__(
@@ -90,7 +92,7 @@ class RolloutWorkerGroup:
         num_cpus_per_worker: float = 1,
         num_gpus_per_worker: float = 0,
         resources_per_worker: dict[str, float] | None = None,
-        layout: Layout = "actor",
+        layout: WorkerLayout = "actor",
         runtime_env: dict[str, Any] | None = None,
         start_timeout_s: float = 600.0,
         generation_timeout_s: float = 600.0,
@@ -143,6 +145,14 @@ class RolloutWorkerGroup:
         except BaseException:
             self.shutdown()  # the actors and their placement groups
             raise
+
+    @classmethod
+    def from_spec(cls, spec: WorkerGroupSpec) -> RolloutWorkerGroup:
+        """The group a runtime asks for (every field of the spec means something to Ray workers)."""
+        fields = {name: getattr(spec, name) for name in spec.__dataclass_fields__}
+        if fields["worker_cls"] is None:
+            fields["worker_cls"] = RolloutWorker
+        return cls(**fields)
 
     # -- Ray's connection, shared by the run's processes -----------------------------------------
     @classmethod

@@ -33,9 +33,10 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
-from unirl_lightning.rollout.records import RolloutRequest
+from unirl_lightning.rollout.records import GenerationResult, RolloutRequest
 from unirl_lightning.workers.actor import RolloutWorker
 from unirl_lightning.workers.calls import CallPart, WorkerSubset, merge_results
+from unirl_lightning.workers.factory import WorkerGroupSpec
 from unirl_lightning.workers.placement import local_node_ip
 
 __all__ = ["InProcessCall", "InProcessWorkerGroup"]
@@ -56,7 +57,7 @@ class InProcessCall:
     """The handle of one in-process generation (already done): ``ready()`` is True, ``wait()``
     returns, ``result()`` returns the merged result or raises the generation's error (each call)."""
 
-    def __init__(self, result: dict[str, Any] | None, error: BaseException | None) -> None:
+    def __init__(self, result: GenerationResult | None, error: BaseException | None) -> None:
         self._result = result
         self._error = error
 
@@ -66,7 +67,7 @@ class InProcessCall:
     def wait(self) -> None:
         """Nothing to wait for: the generation ran when it was launched."""
 
-    def result(self) -> dict[str, Any]:
+    def result(self) -> GenerationResult:
         if self._error is not None:
             raise self._error
         assert self._result is not None
@@ -80,22 +81,22 @@ class InProcessWorkerGroup:
         engine_config / policy / lora: what the engine serves (``engine_config.build(policy, lora)``,
             on the training device: the runtime sets the engine's ``device``).
         reward: scores each sample, in this process.
-        num_workers: must be 1 (one engine per training rank).
-        num_cpus_per_worker / num_gpus_per_worker / resources_per_worker / layout / runtime_env:
-            Ray's resources: not used (the engine takes the trainer's device and threads).
-        start_timeout_s / generation_timeout_s / log_every_s: not used (nothing to wait for: a call
-            returns when the generation is done).
-        max_restarts: not used (an in-process engine is never replaced); ``max_restarts`` is 0.
         worker_cls: the worker class (:class:`~unirl_lightning.workers.actor.RolloutWorker`).
-        shares_trainer_device: always True here (the flag the runtime reads to sleep and wake it).
         share_weights: the weight sync may hand the engine the trainer's own tensors (no copy): only
             when every step is followed by a sync, so that the engine never generates with
             weights of a version it was not given.
+        generation_timeout_s: the deadline a caller reads (``deadline_s``); nothing waits on it here.
+        num_workers: must be 1 (one engine per training rank).
+        reward_pool: must be None (the reward runs in this process).
+
+    A :class:`~unirl_lightning.workers.factory.WorkerGroupSpec`'s Ray resources, layout and restarts
+    mean nothing here: ``from_spec`` reads the fields above only. The group is always on the trainer's
+    device (``shares_trainer_device``) and never replaces its engine (``max_restarts`` 0).
 
     Example::
 
         group = InProcessWorkerGroup(HFEngineConfig(device="cpu"), TinyCausalLM(), reward=ExactMatchReward())
-        groups = group.generate(RolloutRequest(records, n=8)).result()["groups"]
+        groups = group.generate(RolloutRequest(records, n=8)).result().groups
     """
 
     def __init__(
@@ -104,19 +105,11 @@ class InProcessWorkerGroup:
         policy: Any,
         lora: Any = None,
         reward: Any = None,
-        num_workers: int = 1,
-        num_cpus_per_worker: float = 1,
-        num_gpus_per_worker: float = 0,
-        resources_per_worker: dict[str, float] | None = None,
-        layout: str = "actor",
-        runtime_env: dict[str, Any] | None = None,
-        start_timeout_s: float = 600.0,
-        generation_timeout_s: float = 600.0,
-        max_restarts: int = 0,
-        log_every_s: float = 30.0,
+        *,
         worker_cls: type = RolloutWorker,
-        shares_trainer_device: bool = True,
         share_weights: bool = True,
+        generation_timeout_s: float = 600.0,
+        num_workers: int = 1,
         reward_pool: Any = None,
     ) -> None:
         if reward_pool is not None:  # RolloutSettings refuses reward_workers with hybrid
@@ -138,6 +131,21 @@ class InProcessWorkerGroup:
             self.workers = [worker_cls(engine_config, policy, lora, reward, 0)]
         # an engine whose config names no device says where it runs (vLLM: its worker's device)
         self._device = str(getattr(self.workers[0].engine, "device", self._device))
+
+    @classmethod
+    def from_spec(cls, spec: WorkerGroupSpec) -> InProcessWorkerGroup:
+        """The group a runtime asks for, from the fields that mean something in-process."""
+        return cls(
+            spec.engine_config,
+            spec.policy,
+            spec.lora,
+            spec.reward,
+            worker_cls=spec.worker_cls or RolloutWorker,
+            share_weights=spec.share_weights,
+            generation_timeout_s=spec.generation_timeout_s,
+            num_workers=spec.num_workers,
+            reward_pool=spec.reward_pool,
+        )
 
     @contextlib.contextmanager
     def engine_rng(self) -> Iterator[None]:

@@ -23,12 +23,11 @@ from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from typing import Any
 
-from unirl_lightning.preflight import (
+from unirl_lightning.core.preflight import (
     WorkerLayout,
     tensor_parallel_size_for,  # noqa: F401 - its public home before it moved
 )
 
-Layout = WorkerLayout
 _EPS = 1e-9
 
 
@@ -98,7 +97,10 @@ def worker_device(trainer_device: Any) -> str:
 
 
 def worker_bundles(
-    num_cpus: float, num_gpus: float, resources: dict[str, float] | None = None, layout: Layout = "actor"
+    num_cpus: float,
+    num_gpus: float,
+    resources: dict[str, float] | None = None,
+    layout: WorkerLayout = "actor",
 ) -> tuple[list[dict[str, float]], str]:
     """The bundles of one worker's placement group and its strategy (pure)."""
     first = {"CPU": float(num_cpus), **{k: float(v) for k, v in (resources or {}).items()}}
@@ -185,7 +187,7 @@ def place_workers(
     num_cpus_per_worker: float = 1,
     num_gpus_per_worker: float = 0,
     resources: dict[str, float] | None = None,
-    layout: Layout = "actor",
+    layout: WorkerLayout = "actor",
     timeout_s: float = 60.0,
 ) -> WorkerPlacement:
     """One placement group per worker, all ready within ``timeout_s``, else none and a

@@ -29,12 +29,14 @@ Contract
 from __future__ import annotations
 
 import atexit
+import dataclasses
 import logging
 import time
 from typing import Any
 
 import ray
 
+from unirl_lightning.rollout.records import GenerationResult
 from unirl_lightning.workers.actor import score_groups
 from unirl_lightning.workers.calls import call_every, kill_actors
 from unirl_lightning.workers.cluster import ensure_ray, worker_runtime_env
@@ -53,16 +55,16 @@ class RewardWorker:
         self.reward = reward
         self.worker_index = worker_index
 
-    def score(self, result: dict[str, Any], records: list[dict[str, Any]]) -> dict[str, Any]:
+    def score(self, result: GenerationResult, records: list[dict[str, Any]]) -> GenerationResult:
         """``result`` (a rollout worker's ``generate`` answer, unscored) with every rollout scored;
-        ``records[i]`` is the prompt record of ``result["groups"][i]``."""
+        ``records[i]`` is the prompt record of ``result.groups[i]``."""
         started_at, start = time.time(), time.perf_counter()
-        score_groups(self.reward, result["groups"], records)
-        return {
-            **result,
-            "score_s": time.perf_counter() - start,
-            "score_span": {"start": started_at, "end": time.time(), "reward_worker": self.worker_index},
-        }
+        score_groups(self.reward, result.groups, records)
+        return dataclasses.replace(
+            result,
+            score_s=time.perf_counter() - start,
+            score_span={"start": started_at, "end": time.time(), "reward_worker": self.worker_index},
+        )
 
     def ping(self) -> int:
         return self.worker_index

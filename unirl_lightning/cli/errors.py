@@ -14,7 +14,7 @@ from typing import Any, NoReturn
 
 from lightning.pytorch.cli import LightningArgumentParser
 
-from unirl_lightning.cli_config import _import_class
+from unirl_lightning.cli.config import _import_class
 
 SECTIONS = (
     ("unirl_lightning.engines.base", "EngineConfig", "trainer.strategy.init_args.engine.init_args."),

@@ -1,5 +1,5 @@
-"""What ``unirl-lightning plan`` (``PlanCLI`` in :mod:`unirl_lightning.cli`) needs around
-:func:`unirl_lightning.plan.plan_recipe`: the config as plain data, the cluster of the recipe's header
+"""What ``unirl-lightning plan`` (``PlanCLI`` in :mod:`unirl_lightning.cli.app`) needs around
+:func:`unirl_lightning.planning.plan.plan_recipe`: the config as plain data, the cluster of the recipe's header
 line, the bundled model shapes, and the printed table."""
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ def header_cluster(files: list[str]) -> str | None:
     return None
 
 
-MODEL_CONFIGS = Path(__file__).resolve().parent.parent / "examples" / "model_configs"
+MODEL_CONFIGS = Path(__file__).resolve().parents[2] / "examples" / "model_configs"
 
 
 def bundled_model_config(config: dict[str, Any]) -> Path | None:

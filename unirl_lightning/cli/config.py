@@ -17,9 +17,8 @@ from typing import Any
 from jsonargparse import Namespace
 from lightning.pytorch.callbacks import ModelCheckpoint, ProgressBar
 
-from unirl_lightning.imports import import_callable
-from unirl_lightning.plan import FSDP_STRATEGY, world_size
-from unirl_lightning.preflight import (
+from unirl_lightning.core.imports import import_callable
+from unirl_lightning.core.preflight import (
     checkpoint_names_error,
     hybrid_engine_error,
     recipe_device_errors,
@@ -28,6 +27,7 @@ from unirl_lightning.preflight import (
     sync_replacement_error,
     weight_sync_placement_error,
 )
+from unirl_lightning.planning.plan import FSDP_STRATEGY, world_size
 
 
 def _strategy_settings(trainer: Any) -> dict[str, Any] | None:
@@ -136,7 +136,7 @@ def checkpoint_hyperparameters(ckpt_path: str | None) -> dict[str, Any]:
     read) or of a sharded checkpoint folder's metadata; ``{}`` for anything else."""
     import torch
 
-    from unirl_lightning.export import SHARDED_METADATA
+    from unirl_lightning.models.export import SHARDED_METADATA
 
     path = Path(ckpt_path) if ckpt_path else None
     if path is not None and path.is_dir():
@@ -208,8 +208,8 @@ def _backend_kind(node: Any) -> str:
 def check_combinations(config: Any) -> None:
     """Reject configurations that parse but cannot run, before anything is built; the message names
     the keys: :func:`check_rollout_combinations`,
-    :func:`~unirl_lightning.preflight.sync_replacement_error` and
-    :func:`~unirl_lightning.preflight.hybrid_engine_error` (``plan`` applies the last two itself)."""
+    :func:`~unirl_lightning.core.preflight.sync_replacement_error` and
+    :func:`~unirl_lightning.core.preflight.hybrid_engine_error` (``plan`` applies the last two itself)."""
     settings = check_rollout_combinations(config)
     if settings is None:
         return
@@ -231,7 +231,7 @@ def check_combinations(config: Any) -> None:
 
 
 def _checkpoint_names_error(config: Any, engine: Any) -> str | None:
-    """:func:`~unirl_lightning.preflight.checkpoint_names_error` for a pretrained policy whose config is
+    """:func:`~unirl_lightning.core.preflight.checkpoint_names_error` for a pretrained policy whose config is
     on this machine (a folder, or the hub cache); others are checked when the engine is built."""
     serving = serving_engine(engine)
     policy = (

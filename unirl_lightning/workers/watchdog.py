@@ -10,7 +10,7 @@ never touched). When the pipe closes without a word (the driver died, however) i
 remembered processes still alive and removes the run's Ray temp folder. A clean shutdown writes
 to the pipe first (:func:`stop_watchdog`): then the watchdog only removes the folder.
 
-Run as ``python -m unirl_lightning.ray_watchdog <driver_pid> <ray_temp_dir>``.
+Run as ``python -m unirl_lightning.workers.watchdog <driver_pid> <ray_temp_dir>``.
 """
 
 from __future__ import annotations
@@ -35,7 +35,14 @@ def start_watchdog(temp_dir: str, spared: list[int]) -> subprocess.Popen:
     """Start the watchdog of this (driver) process and its Ray temp folder ``temp_dir``; ``spared``
     are pids it never kills (the driver's subprocesses from before ``ray.init``)."""
     return subprocess.Popen(
-        [sys.executable, "-m", "unirl_lightning.ray_watchdog", str(os.getpid()), temp_dir, *map(str, spared)],
+        [
+            sys.executable,
+            "-m",
+            "unirl_lightning.workers.watchdog",
+            str(os.getpid()),
+            temp_dir,
+            *map(str, spared),
+        ],
         stdin=subprocess.PIPE,
         start_new_session=True,
         close_fds=True,

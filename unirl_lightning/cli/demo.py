@@ -1,6 +1,6 @@
 """The main demo: a tiny GRPO run on CPU that learns, logged to TensorBoard.
 
-``make demo`` (or ``python -m unirl_lightning.demo``) runs ``examples/grpo_tiny.yaml`` through the
+``make demo`` (or ``unirl-lightning demo``) runs ``examples/grpo_tiny.yaml`` through the
 ``unirl-lightning`` CLI, reads the TensorBoard logs back, draws ``reward_curve.png`` next to them,
 and the run's ``timeline.json`` (generation, waits, training steps and weight syncs, per track) as
 ``timeline.png``, prints held-out accuracy before and after, and ends with one JSON line::
@@ -18,13 +18,13 @@ import sys
 import time
 from pathlib import Path
 
-RECIPE = Path(__file__).resolve().parents[1] / "examples" / "grpo_tiny.yaml"
+RECIPE = Path(__file__).resolve().parents[2] / "examples" / "grpo_tiny.yaml"
 
 
 def main(argv: list[str] | None = None) -> dict:
-    from unirl_lightning.cli import run_cli
-    from unirl_lightning.tb import plot_curves, read_scalars
-    from unirl_lightning.timeline import gantt, read_trace
+    from unirl_lightning.cli.app import run_cli
+    from unirl_lightning.cli.curves import plot_curves, read_scalars
+    from unirl_lightning.core.timeline import gantt, read_trace
 
     argv = list(sys.argv[1:] if argv is None else argv)
     if not RECIPE.is_file():

@@ -16,7 +16,7 @@ parsing and before anything is built (no model, no Ray), the CLI also:
 ``unirl-lightning export --config X.yaml --ckpt_path PATH --output DIR [--merge] [--overwrite]`` builds
 the module from the same config (nothing else: no trainer, no Ray), loads the checkpoint's policy
 (a ``.ckpt`` file or a sharded checkpoint folder; ``last`` as for ``fit``) and writes it in the
-Hugging Face layout (:mod:`unirl_lightning.export`). The config may be the run's own saved
+Hugging Face layout (:mod:`unirl_lightning.models.export`). The config may be the run's own saved
 ``config.yaml``.
 
 ``unirl-lightning validate --config X.yaml [--ckpt_path PATH]`` evaluates without training: the
@@ -30,7 +30,7 @@ one JSON line (``eval/reward_mean``, ``eval/accuracy``, ``eval/pass@k``, ``eval/
 ``unirl-lightning plan --config X.yaml [--cluster 1x8x80] [--model_config DIR] [--output plan.json]``
 parses the config as ``fit`` does and builds nothing (no model, no Ray): the setup rules ``fit`` runs,
 the placement of ranks and workers on the declared cluster, and an estimate of each GPU's memory
-(:mod:`unirl_lightning.plan`); it exits 1 naming the key when a check fails.
+(:mod:`unirl_lightning.planning.plan`); it exits 1 naming the key when a check fails.
 
 Errors exit with code 2 and a parser message. The console script keeps Ray's token authentication
 on without its start-up warning (``RAY_AUTH_MODE=token`` unless set), and exits 143 on SIGTERM.
@@ -43,7 +43,6 @@ import os
 if not os.environ.get("RAY_ADDRESS"):  # before anything imports ray: it reads the mode at import
     os.environ.setdefault("RAY_AUTH_MODE", "token")
 
-import difflib  # noqa: E402
 import json  # noqa: E402
 import logging  # noqa: E402
 import sys  # noqa: E402
@@ -55,9 +54,8 @@ from jsonargparse import ActionYesNo, Namespace  # noqa: E402
 from lightning.pytorch import LightningDataModule  # noqa: E402
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI  # noqa: E402
 from lightning.pytorch.utilities import rank_zero_warn  # noqa: E402
-from lightning.pytorch.utilities.exceptions import SIGTERMException  # noqa: E402
 
-from unirl_lightning.cli_config import (  # noqa: E402
+from unirl_lightning.cli.config import (  # noqa: E402
     FIT_MISSING_LAST,
     add_rl_progress_bar,
     check_combinations,
@@ -70,8 +68,8 @@ from unirl_lightning.cli_config import (  # noqa: E402
     refuse_trainer_flags,
     resolve_last_checkpoint,
 )
-from unirl_lightning.cli_errors import RLArgumentParser, config_error  # noqa: E402
-from unirl_lightning.cli_plan import bundled_model_config, format_plan, header_cluster, plain_data  # noqa: E402
+from unirl_lightning.cli.errors import RLArgumentParser, config_error  # noqa: E402
+from unirl_lightning.cli.plan import bundled_model_config, format_plan, header_cluster, plain_data  # noqa: E402
 from unirl_lightning.modules.base import RLModule  # noqa: E402
 
 FIT_SETTINGS_HELP = (
@@ -181,7 +179,7 @@ class ExportCLI(CheckpointCLI):
 
     Parses the config as ``fit`` does (same checks, ``--ckpt_path last`` resolved the same way) plus
     ``--output``, ``--merge`` and ``--overwrite``; instantiates the module only (the trainer is not
-    built, so a GPU recipe exports on a CPU machine), then :func:`unirl_lightning.export.export_checkpoint`.
+    built, so a GPU recipe exports on a CPU machine), then :func:`unirl_lightning.models.export.export_checkpoint`.
     """
 
     prog = "unirl-lightning export"
@@ -199,7 +197,7 @@ class ExportCLI(CheckpointCLI):
         )
 
     def before_instantiate_classes(self) -> None:
-        from unirl_lightning.export import check_checkpoint_path, check_output
+        from unirl_lightning.models.export import check_checkpoint_path, check_output
 
         config = self.config
         if not config.get("ckpt_path"):
@@ -236,7 +234,7 @@ class ExportCLI(CheckpointCLI):
         self.trainer = self.datamodule = None
 
     def export(self) -> Path:
-        from unirl_lightning.export import export_checkpoint
+        from unirl_lightning.models.export import export_checkpoint
 
         config = self.config
         try:
@@ -254,7 +252,7 @@ class ExportCLI(CheckpointCLI):
 def run_export(args: list[str]) -> Path:
     """``unirl-lightning export ARGS``: returns the directory written."""
     quiet_lightning_notices()
-    log = logging.getLogger("unirl_lightning.export")
+    log = logging.getLogger("unirl_lightning.models.export")
     if not log.handlers:
         log.addHandler(logging.StreamHandler())
         log.setLevel(logging.INFO)
@@ -275,7 +273,7 @@ class ValidateCLI(CheckpointCLI):
     ckpt_help = "a .ckpt file, a sharded checkpoint folder, or 'last'; none = the initial model"
 
     def before_instantiate_classes(self) -> None:
-        from unirl_lightning.export import check_checkpoint_path
+        from unirl_lightning.models.export import check_checkpoint_path
 
         super().before_instantiate_classes()  # the fit checks, and 'last' resolved
         if self.config.get("ckpt_path"):
@@ -287,7 +285,7 @@ class ValidateCLI(CheckpointCLI):
     def validate(self) -> dict[str, float] | None:
         """Evaluate once; the figures on rank 0 (None on the other ranks)."""
         from unirl_lightning.callbacks import RolloutEvalCallback
-        from unirl_lightning.export import load_policy_checkpoint
+        from unirl_lightning.models.export import load_policy_checkpoint
 
         trainer, model = self.trainer, self.model
         ckpt_path = self.config.get("ckpt_path")
@@ -327,7 +325,7 @@ def run_validate(args: list[str]) -> dict[str, float] | None:
 
 class PlanCLI(CheckpointCLI):
     """``unirl-lightning plan``: the fit config parsed as ``fit`` parses it (same checks), nothing built;
-    :func:`unirl_lightning.plan.plan_recipe` against ``--cluster`` (default: the config's
+    :func:`unirl_lightning.planning.plan.plan_recipe` against ``--cluster`` (default: the config's
     ``# cluster:`` header line) with the model's shapes from ``--model_config`` (default:
     ``examples/model_configs/<model name>``)."""
 
@@ -363,7 +361,7 @@ class PlanCLI(CheckpointCLI):
         self.model = self.trainer = self.datamodule = None
 
     def plan(self) -> dict[str, Any]:
-        from unirl_lightning.plan import ModelShape, parse_cluster, plan_recipe
+        from unirl_lightning.planning.plan import ModelShape, parse_cluster, plan_recipe
 
         config = self.config
         files = [str(path) for path in config.get("config") or []]
@@ -431,59 +429,3 @@ def quiet_lightning_notices() -> None:
     warnings.filterwarnings("ignore", message="Using ModelCheckpoint with manual optimization")
     # our verbs hand their own argv to LightningCLI, which warns when sys.argv holds arguments too
     warnings.filterwarnings("ignore", message="LightningCLI's args parameter is intended to run")
-
-
-VERBS = {
-    "fit": "train a recipe: --config X.yaml (--print_config shows every setting; --ckpt_path last resumes)",
-    "plan": "check a recipe against its cluster (rules, placement, memory per GPU) without building anything",
-    "validate": "evaluate a checkpoint (or the initial model) on the held-out prompts: one JSON line",
-    "export": "write a checkpoint's policy as a Hugging Face folder (LoRA adapter, or --merge)",
-    "test, predict": "Lightning's verbs; the RL modules define no test or predict step",
-}
-
-VERB_NAMES = ["fit", "plan", "validate", "export", "test", "predict"]
-
-
-def print_verbs() -> None:
-    print("usage: unirl-lightning VERB --config X.yaml [...]\n\nverbs:")
-    for verb, text in VERBS.items():
-        print(f"  {verb:<14} {text}")
-    print(
-        "\nEach verb has its --help; the settings of a module: unirl-lightning fit --config X.yaml "
-        "--model.help GRPOModule (strategies: --trainer.strategy.help AsyncRolloutStrategy)."
-    )
-
-
-def main(args: list[str] | None = None) -> None:
-    """The ``unirl-lightning`` console script (``export``: :func:`run_export`, ``validate``:
-    :func:`run_validate`, ``plan``: :func:`run_plan`, the rest: LightningCLI)."""
-    argv = sys.argv[1:] if args is None else list(args)
-    if argv[:1] in ([], ["-h"], ["--help"]):
-        print_verbs()
-        return
-    if argv and not argv[0].startswith("-") and argv[0] not in VERB_NAMES:
-        close = difflib.get_close_matches(argv[0], VERB_NAMES, n=1)
-        hint = f"; did you mean {close[0]!r}?" if close else ""
-        print(f"usage: unirl-lightning {{{','.join(VERB_NAMES)}}} --config X.yaml [...]", file=sys.stderr)
-        print(f"error: unknown verb {argv[0]!r} (choose from {', '.join(VERB_NAMES)}){hint}", file=sys.stderr)
-        sys.exit(2)
-    if argv[:1] == ["export"]:
-        run_export(argv[1:])
-        return
-    if argv[:1] == ["plan"]:
-        run_plan(argv[1:])
-        return
-    if argv[:1] == ["validate"]:
-        try:
-            run_validate(argv[1:])
-        except SIGTERMException:
-            sys.exit(143)
-        return
-    try:
-        run_cli(args)
-    except SIGTERMException:  # Lightning ends a SIGTERMed run with SystemExit(0): say it was killed
-        sys.exit(143)
-
-
-if __name__ == "__main__":
-    main()

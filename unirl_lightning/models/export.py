@@ -15,7 +15,7 @@
   ``DIR/transformer`` instead, and for an SD3 transformer the same adapter in diffusers' LoRA format,
   ``DIR/pytorch_lora_weights.safetensors`` (``pipe.load_lora_weights(DIR)``); ``merge=True``: the
   merged denoiser. A Stable Diffusion 3 policy
-  (:class:`~unirl_lightning.models_diffusion.SD3FlowModel`) is written as its whole pipeline
+  (:class:`~unirl_lightning.models.diffusion.SD3FlowModel`) is written as its whole pipeline
   (``StableDiffusion3Pipeline.save_pretrained``: text encoders, VAE, trained transformer) when the
   transformer is full or merged.
 

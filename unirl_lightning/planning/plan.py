@@ -2,7 +2,7 @@
 
 :func:`plan_recipe` takes a fit config as plain data (what the CLI parsed, defaults filled in), a
 declared cluster and the model's shapes (a ``config.json``), and returns the findings: the setup
-rules of :mod:`unirl_lightning.preflight` (the same functions ``fit`` runs), the placement of every
+rules of :mod:`unirl_lightning.core.preflight` (the same functions ``fit`` runs), the placement of every
 training rank and rollout worker on the cluster, and an estimate of the memory of each training GPU
 and each vLLM worker. Nothing is built: no model, no Ray, no engine (standard library only).
 
@@ -27,8 +27,7 @@ import math
 import re
 from typing import Any
 
-from unirl_lightning.plan_memory import ModelShape, step_estimate, step_memory_terms, step_peak
-from unirl_lightning.preflight import (
+from unirl_lightning.core.preflight import (
     SHARED_DEVICE_PLACEMENTS,
     chat_template_warning,
     checkpoint_names_error,
@@ -43,6 +42,7 @@ from unirl_lightning.preflight import (
     shared_gpu_memory_error,
     sync_replacement_error,
 )
+from unirl_lightning.planning.memory import ModelShape, step_estimate, step_memory_terms, step_peak
 
 __all__ = [
     "FSDP_STRATEGY",
@@ -61,7 +61,11 @@ GIB = 1024**3
 FSDP_STRATEGY = "unirl_lightning.strategy.AsyncRolloutFSDPStrategy"
 DDP_STRATEGY = "unirl_lightning.strategy.AsyncRolloutDDPStrategy"
 VLLM_ENGINE = "unirl_lightning.engines.vllm.VLLMEngineConfig"
-CAUSAL_LM_SPECS = ("unirl_lightning.models.PretrainedCausalLM", "unirl_lightning.models.TinyCausalLM")
+CAUSAL_LM_SPECS = tuple(  # the public paths and where the classes are defined
+    f"unirl_lightning.models.{where}{name}"
+    for where in ("", "causal_lm.")
+    for name in ("PretrainedCausalLM", "TinyCausalLM")
+)
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 ACTIVATION_PROFILE_GIB = 2.0  # vLLM's profiling run: one max-batch forward, a few GiB on a 7B model
 PROMPT_TOKENS_GUESS = 256  # the prompt length assumed when the recipe sets no data max_prompt_length
@@ -265,7 +269,7 @@ def _plan_placement(
 def _plan_shared_gpu(
     findings: list[Finding], figures: dict[str, Any], rollout: dict[str, Any], cluster: Cluster
 ) -> None:
-    """:func:`~unirl_lightning.preflight.shared_gpu_memory_error` on the estimates (vLLM engines only)."""
+    """:func:`~unirl_lightning.core.preflight.shared_gpu_memory_error` on the estimates (vLLM engines only)."""
     train, engine = figures.get("training_gpu"), figures.get("vllm_worker_gpu")
     if not train or not engine:
         return

@@ -7,7 +7,7 @@ rectified-flow model, with the conventions of :mod:`unirl_lightning.algorithms.f
 (``x_sigma = (1 - sigma) x0 + sigma noise``, the denoiser predicts ``v = noise - x0``):
 
 * ``denoiser``: the ``torch.nn.Module`` that is trained (a ``diffusers`` ``UNet2DModel`` or
-  ``SD3Transformer2DModel``), wrapped by :func:`unirl_lightning.lora.apply_lora` with the
+  ``SD3Transformer2DModel``), wrapped by :func:`unirl_lightning.models.lora.apply_lora` with the
   pipeline's ``lora_targets`` when LoRA is on;
 * ``sigmas(num_steps)``: the ``num_steps + 1`` noise levels of the sampler, from the model's
   ``FlowMatchEulerDiscreteScheduler`` (``1.0 ... 0.0``);

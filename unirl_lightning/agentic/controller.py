@@ -64,7 +64,7 @@ import operator
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any, Literal, Protocol
 
-from unirl_lightning.checks import require_at_least
+from unirl_lightning.core.checks import require_at_least
 from unirl_lightning.rollout.controller import StampedGroup, VersionedBuffer
 
 __all__ = ["AgenticCoordinator", "AgenticRolloutController", "SiblingAssembler", "TailPolicy", "root_of"]
@@ -374,21 +374,26 @@ class AgenticRolloutController:
             else:
                 self._buffer.insert(item)
 
-    def sync_weights(self, push: Callable[[int], Any]) -> int:
-        """Push new weights and advance the version ledger; returns the new version.
-
-        Refuses (``RuntimeError``) while a drive is live. If ``push`` raises, the version is not bumped.
-        """
+    def require_idle(self) -> None:
+        """Raise ``RuntimeError`` while a drive is live: no trajectory may straddle two weight versions."""
         if self._drive_live:
             raise RuntimeError(
                 "sync_weights refused: a drive is live; quiesce() (or poll until finalize_if_drained() "
                 "returns True) first so that no trajectory straddles two weight versions"
             )
-        new_version = self._weight_version + 1
-        push(new_version)
-        self._weight_version = new_version
-        logger.info("pushed weights to the agentic coordinator: weight_version=%d", new_version)
-        return new_version
+
+    def advance_version(self) -> int:
+        """Record that the generators now hold the next weights (after a successful push); returns it."""
+        self.require_idle()
+        self._weight_version += 1
+        logger.info("pushed weights to the agentic coordinator: weight_version=%d", self._weight_version)
+        return self._weight_version
+
+    def sync_weights(self, push: Callable[[int], Any]) -> int:
+        """:meth:`require_idle`, ``push(new_version)``, :meth:`advance_version` (used on its own)."""
+        self.require_idle()
+        push(self._weight_version + 1)
+        return self.advance_version()
 
     def _ingest(self, samples: Iterable[Any]) -> int:
         samples = list(samples)

@@ -1,4 +1,5 @@
-"""Reading TensorBoard event files back (the demo, the tests and the benchmarks use it)."""
+"""Reading TensorBoard event files back and drawing their curves (the demo; the tests and the
+benchmarks use it too)."""
 
 from __future__ import annotations
 
@@ -19,17 +20,6 @@ def read_scalars(log_dir: str | Path) -> dict[str, list[tuple[int, float]]]:
         for tag in acc.Tags()["scalars"]:
             scalars.setdefault(tag, []).extend((e.step, e.value) for e in acc.Scalars(tag))
     return {tag: sorted(values) for tag, values in scalars.items()}
-
-
-def histogram_tags(log_dir: str | Path) -> list[str]:
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-
-    tags: set[str] = set()
-    for path in Path(log_dir).rglob("events.out.tfevents.*"):
-        acc = EventAccumulator(str(path), size_guidance={"histograms": 0})
-        acc.Reload()
-        tags.update(acc.Tags()["histograms"])
-    return sorted(tags)
 
 
 def plot_curves(

@@ -3,7 +3,7 @@
 Installed by :class:`~unirl_lightning.strategy.AsyncRolloutStrategy` in place of the training
 dataloader when the module's :class:`~unirl_lightning.modules.base.RolloutSpec` has an ``agentic``
 part (an :class:`AgenticSpec`). Each ``next()`` is one RL step over the
-:class:`~unirl_lightning.rollout.agentic.AgenticRolloutController` (mechanism: one drive at a time,
+:class:`~unirl_lightning.agentic.controller.AgenticRolloutController` (mechanism: one drive at a time,
 sibling groups stamped with the weight version current at their *completion*, freshest-first
 draining) and the coordinator it drives (inside the rollout workers):
 
@@ -64,11 +64,16 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from unirl_lightning.agentic.controller import (
+    AgenticCoordinator,
+    AgenticRolloutController,
+    TailPolicy,
+    root_of,
+)
+from unirl_lightning.core.seeding import episode_seed
 from unirl_lightning.envs.coordinator import EpisodeRequest, EpisodeSettings, OnEnvError, TruncatedTurn
-from unirl_lightning.rollout.agentic import AgenticCoordinator, AgenticRolloutController, TailPolicy, root_of
 from unirl_lightning.rollout.controller import StampedGroup
 from unirl_lightning.rollout.loop import Collate, DeferredBatch, PromptStream, step_stats
-from unirl_lightning.seeding import episode_seed
 
 __all__ = ["AgenticRolloutLoop", "AgenticSpec", "SuspendingCoordinator"]
 
@@ -107,7 +112,7 @@ class AgenticSpec:
 
 
 class SuspendingCoordinator(AgenticCoordinator, Protocol):
-    """The coordinator contract of :mod:`~unirl_lightning.rollout.agentic`, plus ``suspended()``: the
+    """The coordinator contract of :mod:`~unirl_lightning.agentic.controller`, plus ``suspended()``: the
     sample ids of the episodes the last ``abort`` stopped mid-way (empty after a ``submit``). A
     ``submit`` resumes the suspended episodes it names and discards the others."""
 

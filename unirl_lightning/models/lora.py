@@ -16,7 +16,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from unirl_lightning.seeding import global_seed
+from unirl_lightning.core.seeding import global_seed
 
 # attention and MLP projections of Llama/Qwen-style decoders
 LLM_LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
