@@ -21,4 +21,4 @@ def __getattr__(name: str) -> Any:
         raise AttributeError(name)
     import importlib
 
-    return getattr(importlib.import_module("unirl_lightning.cli"), name)
+    return getattr(importlib.import_module("unirl_lightning.cli.app"), name)
