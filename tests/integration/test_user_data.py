@@ -84,5 +84,5 @@ def test_an_unknown_verb_lists_every_verb(capsys):
         main(["fitt", "--config", RECIPE])
     assert exit_info.value.code == 2
     usage, last = capsys.readouterr().err.strip().splitlines()[-2:]
-    assert usage.startswith("usage: unirl-lightning {fit,plan,validate,export,demo,test,predict}")
+    assert usage.startswith("usage: unirl-lightning {fit,plan,validate,export,demo,recipes,test,predict}")
     assert last.endswith("did you mean 'fit'?"), last

@@ -51,3 +51,19 @@ def test_the_command_runs_as_a_module_and_lists_the_demo_verb():
         [sys.executable, "-m", "unirl_lightning.cli", "dmeo"], capture_output=True, text=True
     )
     assert bad.returncode == 2 and "did you mean 'demo'" in bad.stderr
+
+
+def test_a_config_names_a_bundled_recipe_by_name_and_a_path_stays_a_path(tmp_path):
+    from unirl_lightning.cli.recipes import recipe_names, recipes_dir, resolve_config_names
+
+    assert {"grpo_tiny", "grpo_qwen2.5_7b_fsdp_vllm"} <= set(recipe_names())
+    tiny = str(recipes_dir() / "grpo_tiny.yaml")
+    assert resolve_config_names(["fit", "--config", "grpo_tiny"]) == ["fit", "--config", tiny]
+    assert resolve_config_names(["plan", "--config=grpo_tiny.yaml"]) == ["plan", f"--config={tiny}"]
+    own = tmp_path / "grpo_tiny.yaml"  # a user's file of the same name wins only by its path
+    assert resolve_config_names(["fit", "--config", str(own)]) == ["fit", "--config", str(own)]
+    assert resolve_config_names(["fit", "--config", "no_such_recipe"]) == [
+        "fit",
+        "--config",
+        "no_such_recipe",
+    ]

@@ -18,21 +18,22 @@ import sys
 import time
 from pathlib import Path
 
-RECIPE = Path(__file__).resolve().parents[2] / "examples" / "grpo_tiny.yaml"
-
 
 def main(argv: list[str] | None = None) -> dict:
     from unirl_lightning.cli.app import run_cli
     from unirl_lightning.cli.curves import plot_curves, read_scalars
+    from unirl_lightning.cli.recipes import recipes_dir
     from unirl_lightning.core.timeline import gantt, read_trace
 
     argv = list(sys.argv[1:] if argv is None else argv)
-    if not RECIPE.is_file():
+    folder = recipes_dir()
+    if folder is None or not (folder / "grpo_tiny.yaml").is_file():
         raise FileNotFoundError(
-            f"the demo recipe is missing: {RECIPE} (run the demo from a checkout of the repo)"
+            "the demo recipe grpo_tiny.yaml is missing: a broken install (reinstall unirl-lightning)"
         )
+    recipe = folder / "grpo_tiny.yaml"
     start = time.perf_counter()
-    cli = run_cli(["fit", "--config", str(RECIPE), *argv])
+    cli = run_cli(["fit", "--config", str(recipe), *argv])
     wall_s = time.perf_counter() - start
     trainer = cli.trainer
     cli.trainer.strategy.shutdown()

@@ -9,6 +9,8 @@ from typing import Any
 
 from jsonargparse import Namespace
 
+from unirl_lightning.cli.recipes import model_configs_dir
+
 
 def plain_data(node: Any) -> Any:
     if isinstance(node, Namespace):
@@ -31,14 +33,12 @@ def header_cluster(files: list[str]) -> str | None:
     return None
 
 
-MODEL_CONFIGS = Path(__file__).resolve().parents[2] / "examples" / "model_configs"
-
-
 def bundled_model_config(config: dict[str, Any]) -> Path | None:
-    """``examples/model_configs/<last part of the policy's name_or_path>`` when it exists."""
+    """``model_configs/<last part of the policy's name_or_path>`` of the bundled recipes, when it exists."""
+    configs = model_configs_dir()
     policy = ((config.get("model") or {}).get("init_args") or {}).get("policy") or {}
     name = (policy.get("init_args") or {}).get("name_or_path")
-    folder = MODEL_CONFIGS / str(name).rstrip("/").split("/")[-1] if name else None
+    folder = configs / str(name).rstrip("/").split("/")[-1] if name and configs is not None else None
     return folder if folder is not None and (folder / "config.json").is_file() else None
 
 

@@ -10,17 +10,19 @@ import sys
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from unirl_lightning.cli.app import run_cli, run_export, run_plan, run_validate
+from unirl_lightning.cli.recipes import print_recipes, resolve_config_names
 
 VERBS = {
     "fit": "train a recipe: --config X.yaml (--print_config shows every setting; --ckpt_path last resumes)",
     "plan": "check a recipe against its cluster (rules, placement, memory per GPU) without building anything",
     "validate": "evaluate a checkpoint (or the initial model) on the held-out prompts: one JSON line",
     "export": "write a checkpoint's policy as a Hugging Face folder (LoRA adapter, or --merge)",
-    "demo": "the tiny GRPO run on CPU that learns (examples/grpo_tiny.yaml), its curves drawn",
+    "demo": "the tiny GRPO run on CPU that learns (recipe grpo_tiny), its curves drawn",
+    "recipes": "list the bundled recipes; any verb takes one by name: --config grpo_tiny",
     "test, predict": "Lightning's verbs; the RL modules define no test or predict step",
 }
 
-VERB_NAMES = ["fit", "plan", "validate", "export", "demo", "test", "predict"]
+VERB_NAMES = ["fit", "plan", "validate", "export", "demo", "recipes", "test", "predict"]
 
 
 def print_verbs() -> None:
@@ -47,6 +49,10 @@ def main(args: list[str] | None = None) -> None:
         print(f"usage: unirl-lightning {{{','.join(VERB_NAMES)}}} --config X.yaml [...]", file=sys.stderr)
         print(f"error: unknown verb {argv[0]!r} (choose from {', '.join(VERB_NAMES)}){hint}", file=sys.stderr)
         sys.exit(2)
+    argv = resolve_config_names(argv)  # --config grpo_tiny: a bundled recipe by name
+    if argv[:1] == ["recipes"]:
+        print_recipes()
+        return
     if argv[:1] == ["export"]:
         run_export(argv[1:])
         return
@@ -65,6 +71,6 @@ def main(args: list[str] | None = None) -> None:
             sys.exit(143)
         return
     try:
-        run_cli(args)
+        run_cli(argv)
     except SIGTERMException:  # Lightning ends a SIGTERMed run with SystemExit(0): say it was killed
         sys.exit(143)

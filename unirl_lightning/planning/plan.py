@@ -185,7 +185,18 @@ def plan_recipe(config: dict[str, Any], cluster: Cluster, shape: ModelShape | No
             )
         )
     figures: dict[str, Any] = {"world_size": world}
-    if not cluster.cpu and (shape is None or not causal):
+    pretrained = str(config_value(model, "policy", "class_path")).endswith("PretrainedCausalLM")
+    if not cluster.cpu and causal and pretrained and shape is None:
+        findings.append(
+            Finding(
+                "error",
+                "model_config",
+                f"no model shape for {policy.get('name_or_path')!r}, so the memory of each GPU cannot be "
+                "checked: pass --model_config DIR (a folder with the model's config.json and "
+                "tokenizer_config.json, e.g. the model's hub folder)",
+            )
+        )
+    elif not cluster.cpu and (shape is None or not causal):
         findings.append(
             Finding(
                 "info",
