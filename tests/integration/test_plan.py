@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from unirl_lightning.cli.app import PlanCLI, run_plan
-from unirl_lightning.cli.plan import header_cluster
+from unirl_lightning.cli.recipes import header_cluster
 from unirl_lightning.core.preflight import fused_optimizer_allowed, sync_replacement_error
 from unirl_lightning.planning.plan import ModelShape, parse_cluster, plan_recipe
 

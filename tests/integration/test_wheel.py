@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import sysconfig
@@ -23,13 +24,19 @@ def installed(tmp_path_factory):
     """A fresh venv outside the repo with the wheel installed (no deps: the test's own environment's
     packages are visible through a path file, but not its editable install of this package)."""
     root = tmp_path_factory.mktemp("wheel")
+    source = root / "source"  # a copy: the build leaves its build/ folder there, not in the checkout
+    skip = shutil.ignore_patterns("__pycache__", "*.pyc", "*.egg-info")
+    for name in ("unirl_lightning", "examples"):
+        shutil.copytree(REPO / name, source / name, ignore=skip)
+    for name in ("pyproject.toml", "setup.py", "README.md"):
+        shutil.copy(REPO / name, source / name)
     subprocess.run(
         [
             sys.executable,
             "-m",
             "pip",
             "wheel",
-            str(REPO),
+            str(source),
             "--no-deps",
             "--no-build-isolation",
             "-q",

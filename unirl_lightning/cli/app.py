@@ -69,7 +69,8 @@ from unirl_lightning.cli.config import (  # noqa: E402
     resolve_last_checkpoint,
 )
 from unirl_lightning.cli.errors import RLArgumentParser, config_error  # noqa: E402
-from unirl_lightning.cli.plan import bundled_model_config, format_plan, header_cluster, plain_data  # noqa: E402
+from unirl_lightning.cli.plan import bundled_model_config, format_plan, plain_data  # noqa: E402
+from unirl_lightning.cli.recipes import header_cluster  # noqa: E402
 from unirl_lightning.modules.base import RLModule  # noqa: E402
 
 FIT_SETTINGS_HELP = (

@@ -22,17 +22,6 @@ def plain_data(node: Any) -> Any:
     return node if isinstance(node, str | int | float | bool | type(None) | dict) else str(node)
 
 
-def header_cluster(files: list[str]) -> str | None:
-    """The ``# cluster: X`` line at the top of the last config file, or None."""
-    for path in reversed(files):
-        for line in Path(path).read_text().splitlines():
-            if not line.startswith("#"):
-                break
-            if line.lower().startswith("# cluster:"):
-                return line.split(":", 1)[1].strip()
-    return None
-
-
 def bundled_model_config(config: dict[str, Any]) -> Path | None:
     """``model_configs/<last part of the policy's name_or_path>`` of the bundled recipes, when it exists."""
     configs = model_configs_dir()

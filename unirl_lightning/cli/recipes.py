@@ -10,9 +10,27 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
-__all__ = ["model_configs_dir", "recipe_names", "recipes_dir", "resolve_config_names", "summary"]
+__all__ = [
+    "header_cluster",
+    "model_configs_dir",
+    "recipe_names",
+    "recipes_dir",
+    "resolve_config_names",
+    "summary",
+]
 
 _PACKAGE = Path(__file__).resolve().parents[1]
+
+
+def header_cluster(files: list[str]) -> str | None:
+    """The ``# cluster: X`` line at the top of the last config file, or None."""
+    for path in reversed(files):
+        for line in Path(path).read_text().splitlines():
+            if not line.startswith("#"):
+                break
+            if line.lower().startswith("# cluster:"):
+                return line.split(":", 1)[1].strip()
+    return None
 
 
 def recipes_dir() -> Path | None:
@@ -75,8 +93,6 @@ def summary(path: Path) -> str:
 
 def print_recipes() -> None:
     """``unirl-lightning recipes``: every bundled recipe, its cluster and what it runs."""
-    from unirl_lightning.cli.plan import header_cluster
-
     folder = recipes_dir()
     if folder is None:
         print("no bundled recipes found (a broken install: reinstall unirl-lightning)")
