@@ -252,7 +252,10 @@ class RolloutEvalCallback(RolloutCallback):
         if self.strategy.rl_steps % self.every_n_steps == 0:
             # the step's own push first, whatever the callbacks' order
             weight_sync_callback(trainer).push_due()
-            self.evaluate(trainer, pl_module)
+            metrics = trainer.strategy.broadcast(self.evaluate(trainer, pl_module), src=0)
+            # into callback_metrics (not the loggers again), on every rank: ModelCheckpoint(monitor=...)
+            # and EarlyStopping read eval/accuracy at this step and at the epoch's end
+            pl_module.log_dict(metrics, on_step=True, on_epoch=False, logger=False, batch_size=1)
 
     def on_train_end(self, trainer: Any, pl_module: Any) -> None:
         steps = self.strategy.rl_steps

@@ -64,11 +64,10 @@ from unirl_lightning.cli.config import (  # noqa: E402
     check_rollout_combinations,
     checkpoint_hyperparameters,
     checkpoint_overrides,
-    refuse_cli_optimizers,
-    refuse_trainer_flags,
     resolve_last_checkpoint,
 )
 from unirl_lightning.cli.errors import RLArgumentParser, config_error  # noqa: E402
+from unirl_lightning.cli.flags import drop_disabled_checkpoints, refuse_cli_optimizers, refuse_trainer_flags  # noqa: E402
 from unirl_lightning.cli.plan import bundled_model_config, format_plan, plain_data  # noqa: E402
 from unirl_lightning.cli.recipes import header_cluster  # noqa: E402
 from unirl_lightning.modules.base import RLModule  # noqa: E402
@@ -138,6 +137,7 @@ class UniRLCLI(LightningCLI):
         except (ValueError, FileNotFoundError) as exc:
             self.parser.error(str(exc))  # exit code 2 with the message, before anything is built
         add_rl_progress_bar(config)
+        drop_disabled_checkpoints(config)
 
     def instantiate_classes(self) -> None:
         """Lightning's instantiation; a value a class refuses (``ValueError``/``TypeError`` from its

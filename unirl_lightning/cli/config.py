@@ -9,6 +9,7 @@ import importlib
 import importlib.util
 import inspect
 import json
+import logging
 import os
 import zipfile
 from pathlib import Path
@@ -28,6 +29,8 @@ from unirl_lightning.core.preflight import (
     weight_sync_placement_error,
 )
 from unirl_lightning.planning.plan import FSDP_STRATEGY, world_size
+
+log = logging.getLogger(__name__)
 
 
 def _strategy_settings(trainer: Any) -> dict[str, Any] | None:
@@ -338,35 +341,6 @@ def check_eval_prompts(config: Any, data_args: Namespace) -> None:
                 f"{train!r} is a dataset with none: set data.init_args.val (a file or 'hf:<id>') or "
                 "data.init_args.val_split (e.g. 'test'), give the callback prompts=<file or task>, or remove it"
             )
-
-
-def refuse_trainer_flags(config: Any) -> None:
-    """Lightning flags the RL modules cannot honour, refused naming this library's equivalent. The
-    modules step their optimizer themselves (manual optimization), so Lightning's gradient accumulation
-    never applies: a step's gradients accumulate over its micro-batches instead."""
-    trainer = config.get("trainer") if hasattr(config, "get") else None
-    accumulate = trainer.get("accumulate_grad_batches") if hasattr(trainer, "get") else None
-    if accumulate not in (None, 1):
-        raise ValueError(
-            f"trainer.accumulate_grad_batches={accumulate}: the RL modules accumulate a step's gradients over its "
-            "micro-batches themselves: set model.init_args.micro_batch_rows or model.init_args.micro_batch_tokens "
-            "(the rows or tokens of one forward/backward), and model.init_args.mini_batches for several updates per step"
-        )
-
-
-def refuse_cli_optimizers(config: Any) -> None:
-    """LightningCLI's ``--optimizer`` / ``--lr_scheduler`` would replace the module's own AdamW (fp32
-    masters, fused) and schedule; refuse them naming the module's keys."""
-    if config.get("optimizer") is not None:
-        raise ValueError(
-            "--optimizer is not used by the RL modules (their AdamW keeps fp32 masters and is fused where it "
-            "can be): set model.init_args.lr, model.init_args.weight_decay and model.init_args.betas"
-        )
-    if config.get("lr_scheduler") is not None:
-        raise ValueError(
-            "--lr_scheduler is not used by the RL modules: set model.init_args.lr_schedule (one of "
-            "'constant', 'linear', 'cosine') and model.init_args.warmup_steps (RL steps)"
-        )
 
 
 def add_rl_progress_bar(config: Any) -> None:

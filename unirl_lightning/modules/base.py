@@ -94,14 +94,20 @@ class RLModule(LightningModule):
     def configure_callbacks(self) -> list[Callback]:
         """Lightning hook (runs before callback ``setup`` and before a checkpoint is restored):
         the default callbacks whose type the trainer lacks, and the RL progress bar in place of
-        Lightning's default one (Lightning replaces a trainer callback by a returned subclass)."""
+        Lightning's default one (Lightning replaces a trainer callback by a returned subclass); a bar
+        the user configured with settings of its own is kept."""
         present = {type(c) for c in self.trainer.callbacks}
         callbacks = [c for c in self.default_callbacks() if type(c) not in present]
-        if TQDMProgressBar in present:
-            callbacks.append(RLProgressBar())
-        elif RichProgressBar in present:
-            callbacks.append(RLRichProgressBar())
+        bars = [c for c in self.trainer.callbacks if type(c) in (TQDMProgressBar, RichProgressBar)]
+        if bars and _as_built_by_default(bars[0]):  # a bar configured by the user stays
+            callbacks.append(RLProgressBar() if type(bars[0]) is TQDMProgressBar else RLRichProgressBar())
         return callbacks
+
+
+def _as_built_by_default(bar: Callback) -> bool:
+    """Whether a progress bar has the settings of the one Lightning adds by default (then the RL bar, which
+    counts RL steps, replaces it); a bar with settings of its own is the user's."""
+    return bar.refresh_rate == 1 and getattr(bar, "process_position", 0) == 0
 
 
 class PolicyGradientModule(RLModule):
