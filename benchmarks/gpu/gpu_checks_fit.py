@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 HYBRID_RECIPE = REPO / "examples" / "grpo_tiny_hybrid.yaml"
 REAL_CONFIG = REPO / "examples" / "model_configs" / "Qwen2.5-0.5B-Instruct"
 LEARNED_FACTOR = 2.0  # the last 20 steps' mean reward against the first 20's
@@ -154,10 +154,10 @@ def check_real_size(record: dict, smoke: Any) -> None:
     training step (fwd+bwd+AdamW, micro-batches of ``micro_batch_tokens``, activation checkpointing),
     its tokens/s and peak memory next to ``plan``'s estimate for the same shapes and settings."""
     import torch
-    from gpu_checks_train import smoke_module
     from lightning.pytorch import Trainer
     from torch.utils.data import DataLoader
 
+    from benchmarks.gpu.gpu_checks_train import smoke_module
     from unirl_lightning.engines.hf import HFEngine, HFEngineConfig
     from unirl_lightning.planning.plan import Cluster, ModelShape, plan_recipe
     from unirl_lightning.rollout.records import SamplingParams

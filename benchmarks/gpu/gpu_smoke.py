@@ -40,7 +40,7 @@ The checks are in ``gpu_checks_train.py`` (``mixed_precision``, ``fsdp2_fit``),
 ``gpu_checks_memory.py`` (``logprob_memory``) and ``gpu_checks_engine.py`` (``hf_generate``,
 ``weight_push``, ``on_policy_pin``).
 
-    python benchmarks/gpu_smoke.py [--out benchmarks/results/gpu_smoke.json] [--cpu]
+    python -m benchmarks.gpu.gpu_smoke [--out benchmarks/results/gpu_smoke.json] [--cpu] [--checks NAME ...]
     make gpu-smoke
 """
 
@@ -52,13 +52,12 @@ import time
 import traceback
 from typing import Any
 
-import common
-from gpu_checks_engine import check_hf_generate, check_on_policy_pin, check_weight_push
-from gpu_checks_fit import check_hybrid_fit, check_real_size
-from gpu_checks_memory import check_logprob_memory
-from gpu_checks_train import check_fsdp2_fit, check_mixed_precision
+from benchmarks.gpu.gpu_checks_engine import check_hf_generate, check_on_policy_pin, check_weight_push
+from benchmarks.gpu.gpu_checks_fit import check_hybrid_fit, check_real_size
+from benchmarks.gpu.gpu_checks_memory import check_logprob_memory
+from benchmarks.gpu.gpu_checks_train import check_fsdp2_fit, check_mixed_precision
+from benchmarks.harness import common
 
-DEFAULT_OUT = common.results_path("gpu_smoke")
 DEADLINE_S = 270
 NO_CUDA = (
     "gpu_smoke: no CUDA device (torch.cuda.is_available() is False): nothing checked; "
@@ -69,13 +68,16 @@ NO_CUDA = (
 class Smoke:
     """Runs named checks, records each (figures, ok, seconds, error), skips them past the deadline."""
 
-    def __init__(self, device: Any, sizes: dict[str, int]) -> None:
+    def __init__(self, device: Any, sizes: dict[str, int], only: list[str] | None = None) -> None:
         self.device = device
+        self.only = only
         self.sizes = sizes
         self.start = time.perf_counter()
         self.checks: dict[str, dict[str, Any]] = {}
 
     def run(self, name: str, fn, *args: Any) -> Any:
+        if self.only and name not in self.only:
+            return None
         if time.perf_counter() - self.start > DEADLINE_S:
             self.checks[name] = {"ok": False, "skipped": f"past the {DEADLINE_S} s deadline"}
             return None
@@ -95,6 +97,16 @@ class Smoke:
         return value
 
 
+CHECKS = [
+    "mixed_precision",
+    "logprob_memory",
+    "hf_generate",
+    "weight_push",
+    "on_policy_pin",
+    "fsdp2_fit",
+    "hybrid_fit",
+    "real_size",
+]
 GPU_SIZES = dict(
     vocab=151936,
     hidden=256,
@@ -124,7 +136,7 @@ def run(config: dict[str, Any]) -> dict[str, Any]:
     if device.type == "cuda":
         torch.cuda.set_device(device)
     torch.manual_seed(0)
-    smoke = Smoke(device, CPU_SIZES if config["cpu"] else GPU_SIZES)
+    smoke = Smoke(device, CPU_SIZES if config["cpu"] else GPU_SIZES, config.get("checks"))
     module = smoke.run("mixed_precision", check_mixed_precision, smoke)
     smoke.run("logprob_memory", check_logprob_memory, smoke)
     generated = smoke.run("hf_generate", check_hf_generate, smoke)
@@ -161,14 +173,17 @@ def run(config: dict[str, Any]) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = common.script_parser(__doc__)
-    parser.add_argument("--out", default=str(DEFAULT_OUT), help="where the JSON report goes")
+    parser.add_argument(
+        "--out", default="gpu_smoke", help="the JSON report (a bare name: in the results folder)"
+    )
     parser.add_argument("--cpu", action="store_true", help="run the checks on CPU at small sizes (a dry run)")
+    parser.add_argument("--checks", nargs="+", choices=CHECKS, help="run these checks only (default: all)")
     config = common.parse_config(parser, argv)
     report = run(config)
     if "skipped" in report:
         print(report["skipped"], file=sys.stderr)
         return 3  # never a pass: `make gpu-smoke` on a machine whose GPU is hidden fails
-    out = common.write_results(report, config["out"])
+    out = common.write_results(report, config["out"], config=config)
     print(json.dumps({k: v for k, v in report.items() if k != "checks"}))
     print(f"wrote {out}")
     return 0 if report["ok"] else 1

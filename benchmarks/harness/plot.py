@@ -1,11 +1,12 @@
 """Draw the README's benchmark figures from benchmarks/results/*.json, or a run's timeline.
 
-python benchmarks/plot.py
-python benchmarks/plot.py --timeline runs/grpo_tiny/version_0/timeline.json   # -> timeline.png beside it
+python -m benchmarks.harness.plot
+python -m benchmarks.harness.plot --timeline runs/grpo_tiny/version_0/timeline.json   # -> timeline.png beside it
 
-Each side-by-side benchmark's figure is drawn by its report module (``vs_trl_report.py``,
-``time_to_accuracy_report.py``, ``step_overhead_report.py``, and ``smollm2_learning.py``'s ``plot``)
-from the JSON its last run wrote; the two throughput benchmarks get a bar chart each.
+Each side-by-side benchmark's figure is drawn by its report module (``peers/vs_trl_report.py``,
+``peers/time_to_accuracy_report.py`` and ``peers/smollm2_learning.py``'s ``plot``) from the JSON its last
+run wrote; the two throughput benchmarks get a bar chart each. The figures go beside their JSON, in the
+results folder (``--output DIR`` / ``$UNIRL_BENCH_RESULTS``, default ``benchmarks/results``).
 """
 
 from __future__ import annotations
@@ -14,18 +15,17 @@ import json
 from pathlib import Path
 from typing import Any
 
-import common
+from benchmarks.harness import common, figures
 
 # results file -> the module whose ``plot(results, path)`` draws it
 FIGURES = {
-    "vs_trl": "vs_trl_report",
-    "vs_trl_natural": "vs_trl_report",
-    "vs_trl_smollm2": "vs_trl_report",
-    "vs_trl_smollm2_natural": "vs_trl_report",
-    "smollm2_learning": "smollm2_learning",
-    "smollm2_learning_seeds": "smollm2_learning",
-    "time_to_accuracy": "time_to_accuracy_report",
-    "step_overhead": "step_overhead_report",
+    "vs_trl": "benchmarks.peers.vs_trl_report",
+    "vs_trl_natural": "benchmarks.peers.vs_trl_report",
+    "vs_trl_smollm2": "benchmarks.peers.vs_trl_report",
+    "vs_trl_smollm2_natural": "benchmarks.peers.vs_trl_report",
+    "smollm2_learning": "benchmarks.peers.smollm2_learning",
+    "smollm2_learning_seeds": "benchmarks.peers.smollm2_learning",
+    "time_to_accuracy": "benchmarks.peers.time_to_accuracy_report",
 }
 
 
@@ -48,11 +48,11 @@ def run(config: dict[str, Any]) -> dict[str, Any]:
 
     if config.get("timeline") is not None:
         return {"figures": [str(timeline_gantt(config["timeline"]))]}
-    results, drawn = common.RESULTS, []
+    results, drawn = common.results_dir(), []
     path = results / "async_vs_sync.json"
     if path.is_file():
         s = json.loads(path.read_text())["summary"]
-        common.bars(
+        figures.bars(
             results / "async_vs_sync.png",
             f"GRPO steps/s on 2 CPU cores (speedup {s['speedup']:.2f}x)",
             ["sync (staleness 0)", "async (staleness 1)"],
@@ -68,7 +68,7 @@ def run(config: dict[str, Any]) -> dict[str, Any]:
     path = results / "flow_grpo_throughput.json"
     if path.is_file():
         s = json.loads(path.read_text())
-        common.bars(
+        figures.bars(
             results / "flow_grpo_throughput.png",
             f"Flow-GRPO images/s (speedup {s['speedup']:.2f}x)",
             ["sync", "async"],
@@ -76,7 +76,7 @@ def run(config: dict[str, Any]) -> dict[str, Any]:
             "images / s",
         )
         drawn.append(path.with_suffix(".png"))
-    return {"figures": [str(p.relative_to(common.REPO)) for p in drawn]}
+    return {"figures": [str(p) for p in drawn]}
 
 
 def main() -> None:

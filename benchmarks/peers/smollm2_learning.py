@@ -1,6 +1,6 @@
 """Learning on the real model, ours vs TRL, over seeds: ``examples/grpo_smollm2_cpu.yaml`` (issue 25).
 
-    python benchmarks/smollm2_learning.py [--seeds 0 1] [--configs async sync trl] [--quick]
+    python -m benchmarks.peers.smollm2_learning [--seeds 0 1] [--configs async sync trl] [--quick]
 
 The SmolLM2-135M-Instruct LoRA recipe (word problems, math-verify + 0.1 format reward, chat template,
 natural stopping at ``<|im_end|>``, 2 prompts x 8 samples x up to 64 new tokens per step, temperature
@@ -58,8 +58,8 @@ from typing import Any
 
 START = time.perf_counter()
 
-import common  # noqa: E402
-import smollm2_trl  # noqa: E402
+from benchmarks.harness import common, figures, stats  # noqa: E402
+from benchmarks.peers import smollm2_trl  # noqa: E402
 
 RECIPE = common.REPO / "examples" / "grpo_smollm2_cpu.yaml"
 GRPO_ADVANTAGE = ["--model.init_args.advantage", "grpo"]
@@ -142,9 +142,9 @@ def summarize(runs: list[dict[str, Any]], configs: list[str]) -> dict[str, Any]:
         final = [r["evals"][-1]["heldout_accuracy"] for r in mine]
         summary[name] = {
             "seeds": [r["seed"] for r in mine],
-            "final_heldout": common.spread(final),
-            "start_heldout": common.spread([r["evals"][0]["heldout_accuracy"] for r in mine]),
-            "wall_s": common.spread([r["wall_s"] for r in mine]),
+            "final_heldout": stats.spread(final),
+            "start_heldout": stats.spread([r["evals"][0]["heldout_accuracy"] for r in mine]),
+            "wall_s": stats.spread([r["wall_s"] for r in mine]),
             "curves": {
                 str(r["seed"]): [(e["step"], e["heldout_accuracy"]) for e in r["evals"]] for r in mine
             },
@@ -153,7 +153,7 @@ def summarize(runs: list[dict[str, Any]], configs: list[str]) -> dict[str, Any]:
 
 
 def plot(results: dict[str, Any], path: Path) -> None:
-    fig, axes = common.pyplot().subplots(1, 2, figsize=(11, 4))
+    fig, axes = figures.pyplot().subplots(1, 2, figsize=(11, 4))
     colors = {
         "async": "tab:blue",
         "sync": "tab:green",
@@ -203,13 +203,13 @@ def plot(results: dict[str, Any], path: Path) -> None:
         ax.grid(alpha=0.3)
         ax.legend()
     fig.suptitle("SmolLM2-135M-Instruct LoRA GRPO on 2 CPU cores: ours (async, sync) vs TRL GRPOTrainer")
-    common.save_figure(fig, path)
+    figures.save_figure(fig, path)
 
 
 def run(config: dict[str, Any]) -> dict[str, Any]:
     """Every configuration for every seed (interleaved), each in its own process, after the runs kept
     from ``config["out"]`` with ``append``; the results record."""
-    out = Path(config["out"])
+    out = common.results_path(config["out"])
     runs = json.loads(out.read_text())["runs"] if config["append"] and out.exists() else []
     rerun = {(name, seed) for name in config["configs"] for seed in config["seeds"]}
     runs = [r for r in runs if (r["name"], r["seed"]) not in rerun]  # a re-run replaces the old run
@@ -220,13 +220,13 @@ def run(config: dict[str, Any]) -> dict[str, Any]:
             print(json.dumps({k: result[k] for k in ("name", "seed", "wall_s", "evals")}), flush=True)
             runs.append(result)
             if not config["quick"]:  # each run is kept as it finishes: a stopped study resumes with --append
-                common.write_results(results_record(config, runs), config["out"], indent=1)
+                common.write_results(results_record(config, runs), config["out"], indent=1, config=config)
     return results_record(config, runs)
 
 
 def results_record(config: dict[str, Any], runs: list[dict[str, Any]]) -> dict[str, Any]:
     return {
-        "machine": common.machine(),
+        "machine": stats.machine(),
         "steps": config["steps"],
         "runs": runs,
         "summary": summarize(runs, list(CONFIGS)),
@@ -239,7 +239,9 @@ def main() -> None:
     parser.add_argument("--configs", nargs="+", default=list(CONFIGS), choices=list(CONFIGS))
     parser.add_argument("--steps", type=int, default=18, help="optimizer steps per run (the recipe: 18)")
     parser.add_argument("--quick", action="store_true", help="a smoke run: seed 0, 2 steps")
-    parser.add_argument("--out", default=str(common.results_path("smollm2_learning")))
+    parser.add_argument(
+        "--out", default="smollm2_learning", help="results file (a bare name: in the results folder)"
+    )
     parser.add_argument(
         "--append",
         action="store_true",
@@ -250,8 +252,8 @@ def main() -> None:
         config.update(seeds=[0], steps=2)
     results = run(config)
     if not config["quick"]:  # a smoke run writes nothing
-        common.write_results(results, config["out"], indent=1)
-        plot(results, Path(config["out"]).with_suffix(".png"))
+        out = common.write_results(results, config["out"], indent=1, config=config)
+        plot(results, out.with_suffix(".png"))
     print(json.dumps(results["summary"]))
 
 

@@ -13,7 +13,7 @@ import tempfile
 import time
 from typing import Any
 
-import trl_side
+from benchmarks.peers import trl_side
 
 TRL_SCALE_REWARDS = {"grpo": "group", "dr_grpo": "none"}  # our advantage -> TRL's scale_rewards
 

@@ -1,6 +1,6 @@
 """Time to accuracy: learning curves against wall-clock seconds and samples, ours vs TRL (issue 15).
 
-    python benchmarks/time_to_accuracy.py [--quick] [--seeds 0 1 2] [--budget-s 45] [--target 0.4]
+    python -m benchmarks.peers.time_to_accuracy [--quick] [--seeds 0 1 2] [--budget-s 45] [--target 0.4]
 
 Task ``add_mod10``: prompts ``a+b=`` for digits ``a, b``; reward 1 when the completion's first
 character is ``(a + b) % 10``. The 100 pairs are split 80/20 with a seeded shuffle (``--split-seed``)
@@ -28,7 +28,7 @@ scored with the same greedy evaluation for both sides (held-out accuracy on the 
 and on the 80 train pairs). Reported per configuration over the seeds: median and range of the
 curves, the time and the samples at which the held-out accuracy first reaches ``--target`` (and
 0.3 / 0.5), the final accuracy and steps/s. Prints a table and a final JSON line; writes
-``benchmarks/results/time_to_accuracy.json``; ``python benchmarks/plot.py`` draws
+``benchmarks/results/time_to_accuracy.json``; ``python -m benchmarks.harness.plot`` draws
 ``benchmarks/results/time_to_accuracy.png``. One run (a child process) is in
 ``time_to_accuracy_sides.py``, the analysis and the figure in ``time_to_accuracy_report.py``.
 """
@@ -42,11 +42,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-import common
-import time_to_accuracy_report as report
-import trl_side
-from time_to_accuracy_report import TARGETS
-from time_to_accuracy_sides import child
+from benchmarks.harness import common, sides, stats
+from benchmarks.peers import time_to_accuracy_report as report
+from benchmarks.peers import trl_side
+from benchmarks.peers.time_to_accuracy_report import TARGETS
+from benchmarks.peers.time_to_accuracy_sides import child
 
 CONFIGS: dict[str, dict[str, Any]] = {
     "trl": {"side": "trl"},
@@ -101,7 +101,7 @@ def run(config: dict[str, Any]) -> dict[str, Any]:
         write_jsonl(tmp / "heldout.jsonl", held_out)
         for seed in config["seeds"]:
             model_dir = tmp / f"model-{seed}"
-            model = common.build_model_dir(
+            model = sides.build_model_dir(
                 model_dir, hidden=128, layers=2, intermediate=256, max_positions=64, seed=seed
             )
             for name in config["configs"]:
@@ -130,7 +130,7 @@ def run(config: dict[str, Any]) -> dict[str, Any]:
     target = report.choose_target(summary, config["target"])
     trl = next((r.get("trl") for r in runs if r.get("trl")), trl_side.trl_version())
     recorded = config | {"target": target, "out": None, "child": None, "trl": trl, "model": model}
-    recorded["machine"] = common.machine()
+    recorded["machine"] = stats.machine()
     recorded["split"] = {
         "kind": config["split"],
         "train": len(train),
@@ -167,7 +167,9 @@ def main() -> None:
         "held-out split (make_task(partition=...), 90/10 by a hash of the prompt)",
     )
     parser.add_argument("--split-seed", type=int, default=0)
-    parser.add_argument("--out", default=str(common.results_path("time_to_accuracy")))
+    parser.add_argument(
+        "--out", default="time_to_accuracy", help="results file (a bare name: in the results folder)"
+    )
     config = common.parse_config(parser, child=child)
     if config["quick"]:
         config.update(seeds=[0], budget_s=6.0)
@@ -179,7 +181,7 @@ def main() -> None:
             f"  time to {t}: "
             + ", ".join(f"{n} {s['time_to'][str(t)]['median']}" for n, s in summary.items())
         )
-    out = common.write_results(results, config["out"])
+    out = common.write_results(results, config["out"], config=config)
     report.plot(results, out.with_suffix(".png"))
     head = {"trl_version": results["config"]["trl"], "quick": config["quick"], "target": target}
     print(json.dumps({**head, "budget_s": config["budget_s"], **report.final_line(summary, target)}))

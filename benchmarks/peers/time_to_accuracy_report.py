@@ -1,13 +1,13 @@
 """The analysis and figure of ``time_to_accuracy.py``: curves on a common grid (median and range over
 seeds), the time and samples to each held-out accuracy target, the table, the plot (``python
-benchmarks/plot.py`` redraws it from the results JSON). A helper module (no ``main``)."""
+benchmarks.harness.plot`` redraws it from the results JSON). A helper module (no ``main``)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Any
 
-import common
+from benchmarks.harness import figures, stats
 
 TARGETS = (0.2, 0.3, 0.4, 0.5)
 
@@ -42,7 +42,7 @@ def band(curves: list[list[dict]], x_key: str, y_key: str, grid: list[float]) ->
         values = [col[j] for col in columns if col[j] is not None]
         if not values:
             continue
-        s = common.spread(values)
+        s = stats.spread(values)
         xs.append(g)
         med.append(s["median"])
         lo.append(s["min"])
@@ -63,13 +63,13 @@ def summarize(runs: list[dict[str, Any]], configs: list[str], config: dict[str, 
         sample_grid = list(range(0, max_samples + sample_step, sample_step))
         entry = {
             "seeds": [r["seed"] for r in mine],
-            "steps": common.spread([r["steps"] for r in mine]),
-            "steps_per_s": common.spread([r["steps_per_s"] for r in mine]),
-            "ms_per_step": common.spread([r["ms_per_step"] for r in mine]),
-            "final_heldout_accuracy": common.spread([r["curve"][-1]["heldout_accuracy"] for r in mine]),
-            "best_heldout_accuracy": common.spread([max(p["heldout_accuracy"] for p in c) for c in curves]),
-            "final_train_accuracy": common.spread([r["curve"][-1]["train_accuracy"] for r in mine]),
-            "completion_tokens_per_step": common.spread([r["completion_tokens_per_step"] for r in mine]),
+            "steps": stats.spread([r["steps"] for r in mine]),
+            "steps_per_s": stats.spread([r["steps_per_s"] for r in mine]),
+            "ms_per_step": stats.spread([r["ms_per_step"] for r in mine]),
+            "final_heldout_accuracy": stats.spread([r["curve"][-1]["heldout_accuracy"] for r in mine]),
+            "best_heldout_accuracy": stats.spread([max(p["heldout_accuracy"] for p in c) for c in curves]),
+            "final_train_accuracy": stats.spread([r["curve"][-1]["train_accuracy"] for r in mine]),
+            "completion_tokens_per_step": stats.spread([r["completion_tokens_per_step"] for r in mine]),
             "time_to": {},
             "samples_to": {},
             "curves": {
@@ -80,9 +80,9 @@ def summarize(runs: list[dict[str, Any]], configs: list[str], config: dict[str, 
             },
         }
         for target in sorted({*TARGETS, *([config["target"]] if config["target"] else [])}):
-            entry["time_to"][str(target)] = common.spread([first_reach(c, target, "t") for c in curves])
+            entry["time_to"][str(target)] = stats.spread([first_reach(c, target, "t") for c in curves])
             entry["time_to"][str(target)]["per_seed"] = [first_reach(c, target, "t") for c in curves]
-            entry["samples_to"][str(target)] = common.spread(
+            entry["samples_to"][str(target)] = stats.spread(
                 [first_reach(c, target, "samples") for c in curves]
             )
         summary[name] = entry
@@ -129,7 +129,7 @@ def plot(results: dict[str, Any], path: Path) -> None:
     """Held-out greedy accuracy and training reward against seconds and samples (median, range)."""
     summary, config = results["summary"], results["config"]
     colors = {"trl": "#7f8c8d", "sync": "#2f80ed", "async-s1": "#27ae60", "async-s2": "#e67e22"}
-    fig, axes = common.pyplot().subplots(2, 2, figsize=(10, 6.5))
+    fig, axes = figures.pyplot().subplots(2, 2, figsize=(10, 6.5))
     panels = [
         ("heldout_vs_time", "training wall-clock (s)", "held-out greedy accuracy"),
         ("heldout_vs_samples", "samples trained", "held-out greedy accuracy"),
@@ -153,7 +153,7 @@ def plot(results: dict[str, Any], path: Path) -> None:
         f"TRL {config.get('trl', '')}",
         fontsize=9,
     )
-    common.save_figure(fig, path)
+    figures.save_figure(fig, path)
 
 
 def final_line(summary: dict[str, Any], target: float) -> dict[str, Any]:

@@ -10,8 +10,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-import common
-import trl_side
+from benchmarks.harness import sides
+from benchmarks.peers import trl_side
 
 
 class Snapshots:
@@ -79,8 +79,8 @@ def evaluate_snapshots(
     curve = []
     for point in snapshots.points:
         model.load_state_dict(point.pop("state"))
-        point["heldout_accuracy"] = common.greedy_accuracy(model, tokenizer, held_out, max_new_tokens)
-        point["train_accuracy"] = common.greedy_accuracy(model, tokenizer, train, max_new_tokens)
+        point["heldout_accuracy"] = sides.greedy_accuracy(model, tokenizer, held_out, max_new_tokens)
+        point["train_accuracy"] = sides.greedy_accuracy(model, tokenizer, train, max_new_tokens)
         curve.append({k: (round(v, 4) if isinstance(v, float) else v) for k, v in point.items()})
     return curve
 
@@ -94,7 +94,7 @@ def train_trl(cfg: dict[str, Any], train: list[dict], snapshots: Snapshots) -> d
     last_reward: list[float] = []
 
     def reward(prompts: list, completions: list, answer: list, **kwargs: Any) -> list[float]:
-        scores = common.first_char_reward(prompts, completions, answer, **kwargs)
+        scores = sides.first_char_reward(prompts, completions, answer, **kwargs)
         last_reward.append(sum(scores) / len(scores))
         return scores
 
@@ -164,7 +164,7 @@ def train_ours(cfg: dict[str, Any], snapshots: Snapshots) -> dict[str, Any]:
     )
     module = GRPOModule(
         policy=PretrainedCausalLM(name_or_path=cfg["model_dir"], dtype="float32"),
-        reward=common.FirstCharReward(),
+        reward=sides.FirstCharReward(),
         num_generations=cfg["group"],
         max_new_tokens=cfg["max_new_tokens"],
         lr=cfg["lr"],

@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-import common
+from benchmarks.harness import sides
 
 
 def make_trl_trainer(
@@ -35,7 +35,7 @@ def make_trl_trainer(
     suppress_eos: bool,
     output_dir: str | Path,
     callbacks: list | None = None,
-    reward: Any = common.first_char_reward,
+    reward: Any = sides.first_char_reward,
     gradient_checkpointing: bool = False,
 ) -> Any:
     """TRL ``GRPOTrainer``: HF generation, fp32 on CPU, ``beta=0``, one generation per optimizer step

@@ -1,6 +1,6 @@
 """Ours vs TRL's ``GRPOTrainer`` on the same machine, same weights, same workload (issue 11).
 
-    python benchmarks/vs_trl.py [--quick] [--runs 3] [--workloads base long] [--configs ...]
+    python -m benchmarks.peers.vs_trl [--quick] [--runs 3] [--workloads base long] [--configs ...]
 
 Workloads (GRPO, ``digit_successor`` with an 8-digit distractor prefix, 16 prompts x 8 samples per
 step, lr 1e-6 so nothing changes length, fp32, temperature 1):
@@ -42,7 +42,7 @@ Throughput is measured after ``--warmup`` steps, from the end of the last warm-u
 the last step (start-up excluded); each configuration runs ``--runs`` times (interleaved, so slow
 phases of a shared machine hit every configuration alike) and the median is reported, with the
 range. Prints a table and a final JSON line; writes ``benchmarks/results/vs_trl.json``;
-``python benchmarks/plot.py`` draws ``benchmarks/results/vs_trl.png``. The analysis and the figure
+``python -m benchmarks.harness.plot`` draws ``benchmarks/results/vs_trl.png``. The analysis and the figure
 are in ``vs_trl_report.py``, TRL's trainer in ``trl_side.py``.
 """
 
@@ -54,10 +54,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-import common
-import generation_cpu_share
-import trl_side
-import vs_trl_report as report
+from benchmarks.harness import common, processes, sides, stats
+from benchmarks.peers import trl_side
+from benchmarks.peers import vs_trl_report as report
 
 WORKLOADS = {"base": 16, "long": 64, "wide": 32, "smollm2": 16}  # new tokens per completion
 DEFAULT_WORKLOADS = ["base", "wide"]
@@ -86,29 +85,6 @@ DEFAULT_CONFIGS = ["trl-1t", "trl-2t", "sync", "sync-2t", "async", "hybrid", "hy
 
 
 # -- one configuration (child process) -------------------------------------------------------------
-def cpu_snapshot() -> dict[int, tuple[str, float]]:
-    """Every process's title and CPU seconds (user + system) now (``generation_cpu_share.snapshot``)."""
-    return generation_cpu_share.snapshot()["rows"]
-
-
-# generation_cpu_share.label's kinds, under the names this benchmark records
-KIND_NAMES = {"trainer (the run's process)": "trainer", "Ray's own processes": "ray (other)"}
-
-
-def cpu_share(
-    before: dict[int, tuple[str, float]], after: dict[int, tuple[str, float]], seconds: float
-) -> dict[str, float]:
-    """The cores each kind of process used over the timed window (CPU seconds / wall seconds; 2.0 is
-    both cores of this machine): the run's own process, its rollout worker, Ray's other processes,
-    classified by ``generation_cpu_share.label``."""
-    used: dict[str, float] = {}
-    for pid, (title, cpu) in after.items():
-        kind = generation_cpu_share.label(title, -1, pid)  # -1: no process here is a sampler
-        kind = KIND_NAMES.get(kind, kind)
-        used[kind] = used.get(kind, 0.0) + cpu - before.get(pid, (title, 0.0))[1]
-    return {kind: round(value / seconds, 3) for kind, value in sorted(used.items())}
-
-
 def child_ours(cfg: dict[str, Any]) -> dict[str, Any]:
     import torch
     from lightning.pytorch import Callback, Trainer, seed_everything
@@ -125,10 +101,10 @@ def child_ours(cfg: dict[str, Any]) -> dict[str, Any]:
 
         def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):  # noqa: ANN001, ANN201
             if len(self.stamps) + 1 == cfg["warmup"]:  # the window's start: sampled before its stamp
-                self.cpu.append(cpu_snapshot())
+                self.cpu.append(processes.snapshot()["rows"])
             self.stamps.append(time.perf_counter())
             if len(self.stamps) == cfg["warmup"] + cfg["steps"]:  # its end: after its stamp
-                self.cpu.append(cpu_snapshot())
+                self.cpu.append(processes.snapshot()["rows"])
             metrics = {k: float(v) for k, v in trainer.callback_metrics.items()}
             metrics.update(pl_module.last_logged_metrics)  # the figures written straight to the loggers
             metrics["rows"] = float(batch.num_rows)
@@ -147,7 +123,7 @@ def child_ours(cfg: dict[str, Any]) -> dict[str, Any]:
     )
     module = GRPOModule(
         policy=PretrainedCausalLM(name_or_path=cfg["model_dir"], dtype="float32"),
-        reward=common.FirstCharReward(),
+        reward=sides.FirstCharReward(),
         num_generations=cfg["group"],
         max_new_tokens=cfg["max_new_tokens"],
         lr=cfg["lr"],
@@ -194,7 +170,7 @@ def child_ours(cfg: dict[str, Any]) -> dict[str, Any]:
         "overlap": mean("perf/overlap"),
         "sync_share": mean("sync/time_s") * steps / seconds,
         "max_staleness_seen": max(m.get("rollout/staleness_max", 0.0) for m in timed),
-        "cpu_share": cpu_share(*clock.cpu, seconds) if len(clock.cpu) == 2 else None,
+        "cpu_share": processes.cpu_share(*clock.cpu, seconds) if len(clock.cpu) == 2 else None,
         "torch_threads": torch.get_num_threads(),
     }
 
@@ -213,18 +189,18 @@ def run(config: dict[str, Any]) -> dict[str, Any]:
     suppress = config["stopping"] == "suppressed"
     runs: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="vs-trl-model-") as model_dir:
-        tiny = common.build_model_dir(model_dir, **TINY_SHAPE, seed=config["seed"], suppress_eos=suppress)
+        tiny = sides.build_model_dir(model_dir, **TINY_SHAPE, seed=config["seed"], suppress_eos=suppress)
         models: dict[str, Any] = {"tiny": tiny}
         model_dirs = {workload: model_dir for workload in config["workloads"]}
         for workload in config["workloads"]:
             if workload in MODEL_SHAPE:
                 model_dirs[workload] = str(Path(model_dir) / workload)
-                models[workload] = common.build_model_dir(
+                models[workload] = sides.build_model_dir(
                     model_dirs[workload], **MODEL_SHAPE[workload], seed=config["seed"], suppress_eos=suppress
                 )
             elif workload == "smollm2":
                 model_dirs[workload] = str(Path(model_dir) / workload)
-                models[workload] = common.build_smollm2_dir(model_dirs[workload], suppress)
+                models[workload] = sides.build_smollm2_dir(model_dirs[workload], suppress)
         model = tiny if len(models) == 1 else models
         for run_index in range(config["runs"]):
             for workload in config["workloads"]:
@@ -257,7 +233,7 @@ def run(config: dict[str, Any]) -> dict[str, Any]:
                     )
     summary = report.summarize(runs, config["workloads"], config["configs"])
     trl = next((r.get("trl") for r in runs if r.get("trl")), trl_side.trl_version())
-    recorded = config | {"out": None, "child": None, "trl": trl, "model": model, "machine": common.machine()}
+    recorded = config | {"out": None, "child": None, "trl": trl, "model": model, "machine": stats.machine()}
     recorded["wall_s"] = round(time.perf_counter() - started, 1)
     return {"summary": summary, "config": recorded, "runs": runs}
 
@@ -284,17 +260,15 @@ def main() -> None:
         help="suppressed: every end token suppressed on both sides (equal lengths); natural: EOS ends "
         "completions as in real runs (compare tokens/s)",
     )
-    parser.add_argument("--out", default=None, help="default: results/vs_trl.json (vs_trl_natural.json)")
+    parser.add_argument("--out", default=None, help="results file (default: vs_trl, natural: vs_trl_natural)")
     config = common.parse_config(parser, child=child)
     if config["out"] is None:
-        config["out"] = str(
-            common.results_path("vs_trl" if config["stopping"] == "suppressed" else "vs_trl_natural")
-        )
+        config["out"] = "vs_trl" if config["stopping"] == "suppressed" else "vs_trl_natural"
     if config["quick"]:
         config.update(runs=1, steps=3, steps_long=2, warmup=2)
     results = run(config)
     report.print_table(results["summary"])
-    out = common.write_results(results, config["out"])
+    out = common.write_results(results, config["out"], config=config)
     report.plot(results, out.with_suffix(".png"))
     head = {"trl_version": results["config"]["trl"], "quick": config["quick"], "stopping": config["stopping"]}
     print(json.dumps({**head, **report.final_line(results["summary"])}))

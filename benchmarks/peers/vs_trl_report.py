@@ -1,5 +1,5 @@
 """The analysis and figure of ``vs_trl.py``: medians and ranges over runs, the ratios against TRL, the
-table, the plot (``python benchmarks/plot.py`` redraws it from the results JSON). A helper module (no
+table, the plot (``python -m benchmarks.harness.plot`` redraws it from the results JSON). A helper module (no
 ``main``)."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import common
+from benchmarks.harness import figures, stats
 
 COLORS = {
     "trl-1t": "#c9ccd1",
@@ -31,13 +31,13 @@ def summarize(runs: list[dict[str, Any]], workloads: list[str], configs: list[st
                 continue
             tokens = sorted({t for r in mine for t in r["tokens_per_step"]})
             rows[name] = {
-                "steps_per_s": common.spread([r["steps_per_s"] for r in mine]),
-                "completions_per_s": common.spread([r["completions_per_s"] for r in mine]),
-                "tokens_per_s": common.spread([r["tokens_per_s"] for r in mine]),
-                "generate_s": common.spread([r["generate_s"] for r in mine])["median"],
-                "train_s": common.spread([r.get("train_s") for r in mine])["median"],
-                "sync_s": common.spread([r.get("sync_s") for r in mine])["median"],
-                "sync_share": common.spread([r.get("sync_share") for r in mine])["median"],
+                "steps_per_s": stats.spread([r["steps_per_s"] for r in mine]),
+                "completions_per_s": stats.spread([r["completions_per_s"] for r in mine]),
+                "tokens_per_s": stats.spread([r["tokens_per_s"] for r in mine]),
+                "generate_s": stats.spread([r["generate_s"] for r in mine])["median"],
+                "train_s": stats.spread([r.get("train_s") for r in mine])["median"],
+                "sync_s": stats.spread([r.get("sync_s") for r in mine])["median"],
+                "sync_share": stats.spread([r.get("sync_share") for r in mine])["median"],
                 "tokens_per_step": tokens,
                 "prompt_tokens_per_step": sorted(
                     {t for r in mine for t in r.get("prompt_tokens_per_step", [])}
@@ -129,10 +129,10 @@ def print_table(summary: dict[str, Any]) -> None:
 def plot(results: dict[str, Any], path: Path) -> None:
     """Completions/s (natural stopping: completion tokens/s) per configuration and workload (median,
     bars = range over runs)."""
-    from vs_trl import WORKLOADS
+    from benchmarks.peers.vs_trl import WORKLOADS
 
     summary = results["summary"]
-    fig, axes = common.pyplot().subplots(1, len(summary), figsize=(5 * len(summary), 3.4), squeeze=False)
+    fig, axes = figures.pyplot().subplots(1, len(summary), figsize=(5 * len(summary), 3.4), squeeze=False)
     natural = results["config"].get("stopping", "suppressed") != "suppressed"
     key = "tokens_per_s" if natural else "completions_per_s"
     for ax, (workload, s) in zip(axes[0], summary.items()):
@@ -150,4 +150,4 @@ def plot(results: dict[str, Any], path: Path) -> None:
     fig.suptitle(
         f"GRPO vs TRL {results['config'].get('trl', '')} GRPOTrainer, 2 CPU cores\n{stopping}", fontsize=9
     )
-    common.save_figure(fig, path)
+    figures.save_figure(fig, path)

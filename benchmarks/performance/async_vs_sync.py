@@ -1,6 +1,6 @@
 """Async vs synchronous GRPO on the tiny model, same steps, one process each, same machine.
 
-    python benchmarks/async_vs_sync.py [--steps 30] [--hidden 64] [--layers 4] [--max-new-tokens 16]
+    python -m benchmarks.performance.async_vs_sync [--steps 30] [--hidden 64] [--layers 4] [--max-new-tokens 16]
 
 Synchronous = ``max_staleness=0, max_inflight=1`` (generate, then train, then sync); async =
 ``max_staleness=1, max_inflight=2`` (the next batch generates while this one trains). The trainer
@@ -15,10 +15,10 @@ from __future__ import annotations
 import time
 from typing import Any
 
-import common
 import torch
 from lightning.pytorch import Callback, Trainer, seed_everything
 
+from benchmarks.harness import common
 from unirl_lightning import AsyncRolloutStrategy, GRPOModule, PromptDataModule, TinyCausalLM
 from unirl_lightning.callbacks import WeightSyncCallback
 from unirl_lightning.rewards import ExactMatchReward
@@ -123,7 +123,9 @@ def main() -> None:
     parser.add_argument("--max-new-tokens", type=int, default=16)
     parser.add_argument("--batch", type=int, default=16, help="prompts per step")
     parser.add_argument("--group", type=int, default=8, help="samples per prompt")
-    parser.add_argument("--out", default=str(common.results_path("async_vs_sync")))
+    parser.add_argument(
+        "--out", default="async_vs_sync", help="results file (a bare name: in the results folder)"
+    )
     config = common.parse_config(parser)
     record = run(config)
     header = f"{'mode':<6} {'steps/s':>8} {'generate s':>11} {'train s':>8} {'sync s':>7} {'wait s':>7} {'overlap':>8}"
@@ -133,7 +135,7 @@ def main() -> None:
             f"{mode:<6} {r['steps_per_s']:>8.3f} {r['generate_s']:>11.3f} {r['train_s']:>8.3f} {r['sync_s']:>7.3f} "
             f"{r['wait_s']:>7.3f} {r['overlap']:>8.2f}"
         )
-    common.finish(record, config["out"], record["summary"])
+    common.finish(record, config["out"], record["summary"], config=config)
 
 
 if __name__ == "__main__":

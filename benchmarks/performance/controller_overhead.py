@@ -16,7 +16,7 @@ total seconds, microseconds per group) and, as the last line, a JSON record that
 
 Usage::
 
-    python benchmarks/controller_overhead.py [--groups 100000] [--sync-every 4] [--groups-per-job 8]
+    python -m benchmarks.performance.controller_overhead [--groups 100000] [--sync-every 4] [--groups-per-job 8]
 """
 
 from __future__ import annotations
@@ -25,8 +25,7 @@ import platform
 import time
 from typing import Any
 
-import common
-
+from benchmarks.harness import common
 from unirl_lightning.rollout.controller import BatchRolloutController
 
 TARGET_US_PER_GROUP = 20.0
@@ -140,7 +139,7 @@ def main() -> None:
     for phase, seconds in record["phase_s"].items():
         print(f"{phase:<8} {seconds:>10.4f} {seconds / record['groups'] * 1e6:>10.3f}")
     print(f"{'total':<8} {record['total_s']:>10.4f} {record['us_per_group']:>10.3f}")
-    common.finish(record, "controller_overhead")
+    common.finish(record, "controller_overhead", config=config)
 
 
 if __name__ == "__main__":

@@ -11,11 +11,11 @@ vLLM's CPU worker binds (every core), so neither gets more of the machine.
 
 Prints a table and, as the last line, a JSON record that is also written to
 ``benchmarks/results/engines.json``. Needs vLLM (``make test-vllm`` builds ``.venv-vllm``; run
-``.venv-vllm/bin/python benchmarks/engines.py``); without it only the HF engine is measured.
+``.venv-vllm/bin/python -m benchmarks.performance.engines``, or ``make bench-engines``); without it only the HF engine is measured.
 
 Usage::
 
-    VLLM_ENABLE_V1_MULTIPROCESSING=0 python benchmarks/engines.py [--prompts 16] [--n 8] [--max-new-tokens 32]
+    VLLM_ENABLE_V1_MULTIPROCESSING=0 python -m benchmarks.performance.engines [--prompts 16] [--n 8] [--max-new-tokens 32]
 """
 
 from __future__ import annotations
@@ -26,13 +26,16 @@ import statistics
 import time
 from typing import Any
 
-os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # engine core in this process
-os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
-os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-
-import common  # noqa: E402
+from benchmarks.harness import common
 
 PROMPTS = ["1+2=", "3*4=", "7=", "12-5=", "9*9=", "4+4=", "0=", "8-3="]
+
+
+def set_environment() -> None:
+    """Before vLLM is imported: its engine core in this process, quiet."""
+    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 
 def requests(config: dict[str, Any], count: int, first_seed: int):
@@ -189,6 +192,7 @@ def main() -> None:
         "--num-heads", type=int, default=2, help="heads; vLLM's CPU attention needs head size >= 32"
     )
     config = common.parse_config(parser)
+    set_environment()
     for name in (
         "prompts",
         "n",
@@ -218,7 +222,7 @@ def main() -> None:
             f"{'vllm lora':<10} {record['vllm_lora']['tokens_per_s_with_adapter']:>10.0f} {'':>10} "
             f"{record['vllm_lora']['lora_push_ms_median']:>9.2f}"
         )
-    common.finish(record, "engines")
+    common.finish(record, "engines", config=config)
 
 
 if __name__ == "__main__":

@@ -14,7 +14,7 @@ JSON record that is also written to ``benchmarks/results/flow_grpo_throughput.js
 
 Usage::
 
-    python benchmarks/flow_grpo_throughput.py [--steps 20] [--warmup 3] [--num-steps 10]
+    python -m benchmarks.performance.flow_grpo_throughput [--steps 20] [--warmup 3] [--num-steps 10]
 """
 
 from __future__ import annotations
@@ -25,10 +25,10 @@ import tempfile
 import time
 from typing import Any
 
-import common
 import torch
 from lightning.pytorch import Callback, Trainer, seed_everything
 
+from benchmarks.harness import common
 from unirl_lightning.callbacks import SampleImageLogger, WeightSyncCallback, WeightVersionLogger
 from unirl_lightning.data import ImagePromptDataModule
 from unirl_lightning.models.diffusion import TinyFlowModel
@@ -98,7 +98,7 @@ def run_mode(config: dict[str, Any], policy: TinyFlowModel, max_staleness: int) 
 def run(config: dict[str, Any]) -> dict[str, Any]:
     """Sync then async on the same pre-trained model, one torch thread; the record."""
     torch.set_num_threads(1)
-    policy = TinyFlowModel(pretrain_steps=100, cache_dir=config["cache_dir"])
+    policy = TinyFlowModel(pretrain_steps=config["pretrain_steps"], cache_dir=config["cache_dir"])
     policy.build()  # pre-train (or load) once, outside the clock
     results = {}
     for name, max_staleness in (("sync", 0), ("async", 1)):
@@ -133,6 +133,7 @@ def main() -> dict:
     parser.add_argument("--num-generations", type=int, default=8, help="images per prompt")
     parser.add_argument("--num-steps", type=int, default=10, help="denoising steps per image")
     parser.add_argument("--timestep-fraction", type=float, default=0.5, help="SDE steps trained per step")
+    parser.add_argument("--pretrain-steps", type=int, default=100, help="the model's pre-training (cached)")
     parser.add_argument(
         "--cache-dir", default=os.path.join(tempfile.gettempdir(), "unirl_lightning", "bench")
     )
@@ -140,7 +141,7 @@ def main() -> dict:
     if config["warmup"] >= config["steps"]:
         parser.error(f"--warmup ({config['warmup']}) must be below --steps ({config['steps']})")
     record = run(config)
-    common.finish(record, "flow_grpo_throughput")
+    common.finish(record, "flow_grpo_throughput", config=config)
     return record
 
 

@@ -1,6 +1,6 @@
 """Does interrupting generation at a sync cost learning? Quiesce vs interrupt on the tiny recipe.
 
-    python benchmarks/interrupt_learning.py [--seeds 0 1 2 3 4] [--max-new-tokens 3] [--chunk 1]
+    python -m benchmarks.performance.interrupt_learning [--seeds 0 1 2 3 4] [--max-new-tokens 3] [--chunk 1]
 
 Each run is ``unirl-lightning fit --config examples/grpo_tiny.yaml`` as shipped (async,
 ``max_staleness 1, max_inflight 2``, held-out accuracy on 64 disjoint prompts every 20 steps, 120
@@ -24,11 +24,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-import common
-
+from benchmarks.harness import common, stats
 from unirl_lightning.cli.curves import read_scalars
 
-RECIPE = Path(__file__).resolve().parents[1] / "examples" / "grpo_tiny.yaml"
+RECIPE = common.REPO / "examples" / "grpo_tiny.yaml"
 MODES = ("quiesce", "interrupt")
 
 
@@ -81,7 +80,7 @@ def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
         if not mine:
             continue
         curves = [dict((step, value) for step, value in r["heldout"]) for r in mine]
-        at_step = {str(step): common.spread([c[step] for c in curves if step in c]) for step in curves[0]}
+        at_step = {str(step): stats.spread([c[step] for c in curves if step in c]) for step in curves[0]}
         summary[mode] = {
             "seeds": [r["seed"] for r in mine],
             "heldout": at_step,
@@ -110,12 +109,15 @@ def main() -> None:
     parser.add_argument("--max-new-tokens", type=int, default=3)
     parser.add_argument("--chunk", type=int, default=1, help="interrupt_chunk_tokens")
     parser.add_argument("--max-steps", type=int, default=None, help="default: the recipe's")
-    parser.add_argument("--out", default=str(common.results_path("interrupt_learning")))
-    config = vars(parser.parse_args())
+    parser.add_argument("--modes", nargs="+", choices=MODES, default=list(MODES))
+    parser.add_argument(
+        "--out", default="interrupt_learning", help="results file (a bare name: in the results folder)"
+    )
+    config = common.parse_config(parser)
     runs: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="interrupt-learning-") as tmp:
         for seed in config["seeds"]:
-            for mode in MODES if seed % 2 == 0 else MODES[::-1]:
+            for mode in config["modes"] if seed % 2 == 0 else config["modes"][::-1]:
                 run = one_run(mode, seed, config, Path(tmp))
                 runs.append(run)
                 print(
@@ -124,8 +126,9 @@ def main() -> None:
     summary = summarize(runs)
     print_table(summary)
     common.write_results(
-        {"summary": summary, "config": {**config, "out": None}, "machine": common.machine(), "runs": runs},
+        {"summary": summary, "config": {**config, "out": None}, "machine": stats.machine(), "runs": runs},
         config["out"],
+        config=config,
     )
 
 

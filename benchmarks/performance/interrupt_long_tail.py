@@ -1,6 +1,6 @@
 """Async quiesce vs async interrupt vs sync on a long-tail length workload (tiny model, CPU).
 
-    python benchmarks/interrupt_long_tail.py [--rounds 3] [--steps 12] [--max-new-tokens 64]
+    python -m benchmarks.performance.interrupt_long_tail [--rounds 3] [--steps 12] [--max-new-tokens 64]
 
 The workload: the tiny random-init Llama's character vocabulary has 21 tokens and EOS is one of
 them, so an untrained policy stops with probability ~1/21 per token: completion lengths are
@@ -24,10 +24,10 @@ import statistics
 import time
 from typing import Any
 
-import common
 import torch
 from lightning.pytorch import Callback, Trainer, seed_everything
 
+from benchmarks.harness import common
 from unirl_lightning import AsyncRolloutStrategy, GRPOModule, PromptDataModule, TinyCausalLM
 from unirl_lightning.callbacks import RolloutEvalCallback, WeightSyncCallback
 from unirl_lightning.rewards import ExactMatchReward
@@ -130,9 +130,10 @@ def run_mode(mode: str, config: dict[str, Any]) -> dict[str, Any]:
 def run(config: dict[str, Any]) -> dict[str, Any]:
     torch.set_num_threads(1)
     runs: list[dict[str, Any]] = []
-    modes = list(MODES)
+    modes = [mode for mode in MODES if mode in config["modes"]]
     for round_ in range(config["rounds"]):
-        for mode in modes[round_ % 3 :] + modes[: round_ % 3]:  # rotated: no mode always runs first
+        turn = round_ % len(modes)
+        for mode in modes[turn:] + modes[:turn]:  # rotated: no mode always runs first
             result = run_mode(mode, config)
             result["round"] = round_
             runs.append(result)
@@ -142,7 +143,7 @@ def run(config: dict[str, Any]) -> dict[str, Any]:
                 flush=True,
             )
     medians: dict[str, dict[str, float]] = {}
-    for mode in MODES:
+    for mode in modes:
         mine = [r for r in runs if r["mode"] == mode]
         medians[mode] = {
             key: statistics.median(r[key] for r in mine)
@@ -161,13 +162,16 @@ def run(config: dict[str, Any]) -> dict[str, Any]:
         medians[mode]["interrupted_samples_per_step"] = statistics.median(
             r["interrupted_samples_per_step"] for r in mine
         )
-    sync = medians["sync"]["tokens_per_s"]
+
+    def over(mode: str, base: str) -> float | None:  # None: one of the two did not run (--modes)
+        if mode not in medians or base not in medians:
+            return None
+        return round(medians[mode]["tokens_per_s"] / medians[base]["tokens_per_s"], 3)
+
     summary = {
-        "async_quiesce_over_sync": round(medians["async_quiesce"]["tokens_per_s"] / sync, 3),
-        "async_interrupt_over_sync": round(medians["async_interrupt"]["tokens_per_s"] / sync, 3),
-        "interrupt_over_quiesce": round(
-            medians["async_interrupt"]["tokens_per_s"] / medians["async_quiesce"]["tokens_per_s"], 3
-        ),
+        "async_quiesce_over_sync": over("async_quiesce", "sync"),
+        "async_interrupt_over_sync": over("async_interrupt", "sync"),
+        "interrupt_over_quiesce": over("async_interrupt", "async_quiesce"),
         "medians": medians,
         "config": config | {"out": None},
     }
@@ -177,6 +181,7 @@ def run(config: dict[str, Any]) -> dict[str, Any]:
 def main() -> None:
     parser = common.script_parser(__doc__)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--modes", nargs="+", choices=list(MODES), default=list(MODES))
     parser.add_argument("--steps", type=int, default=12)
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--hidden", type=int, default=64)
@@ -185,7 +190,9 @@ def main() -> None:
     parser.add_argument("--chunk", type=int, default=8, help="interrupt_chunk_tokens")
     parser.add_argument("--batch", type=int, default=16, help="prompts per step")
     parser.add_argument("--group", type=int, default=8, help="samples per prompt")
-    parser.add_argument("--out", default=str(common.results_path("interrupt_long_tail")))
+    parser.add_argument(
+        "--out", default="interrupt_long_tail", help="results file (a bare name: in the results folder)"
+    )
     config = common.parse_config(parser)
     record = run(config)
     print(f"{'mode':<16} {'tok/s':>8} {'quiesce s':>10} {'push s':>7} {'stale-1 tokens':>15} {'eval acc':>9}")
@@ -194,7 +201,9 @@ def main() -> None:
             f"{mode:<16} {r['tokens_per_s']:>8.1f} {r['quiesce_s']:>10.3f} {r['push_s']:>7.3f} "
             f"{r['token_staleness_1']:>15.3f} {r['eval_accuracy']:>9.3f}"
         )
-    common.finish(record, config["out"], {k: v for k, v in record["summary"].items() if k != "medians"})
+    common.finish(
+        record, config["out"], {k: v for k, v in record["summary"].items() if k != "medians"}, config=config
+    )
 
 
 if __name__ == "__main__":

@@ -12,7 +12,7 @@ step, 300 steps), with the turn-staleness, eviction and context figures read bac
 ``truncated_turn`` is not among them: it acts only on chat-template episodes, and the tiny recipes'
 one-token compact turns are complete by design (its behaviour is pinned by tests).
 
-    python benchmarks/loss_options.py [--only NAME ...] [--steps 120] [--agentic-steps N]
+    python -m benchmarks.performance.loss_options [--only NAME ...] [--steps 120] [--agentic-steps N]
 """
 
 from __future__ import annotations
@@ -24,9 +24,8 @@ import tempfile
 import time
 from typing import Any
 
-import common
-from common import REPO, child_env
-
+from benchmarks.harness import common
+from benchmarks.harness.common import REPO, child_env
 from unirl_lightning.cli.curves import read_scalars
 
 OPTIONS: dict[str, dict[str, str]] = {
@@ -69,7 +68,6 @@ AGENTIC_FIGURES = (
     "agentic/context_limited",
     "agentic/turns_mean",
 )
-OUT = common.results_path("loss_options")
 
 
 def run_option(
@@ -129,8 +127,9 @@ def run(config: dict[str, Any]) -> dict[str, Any]:
         for name, keys in AGENTIC_OPTIONS.items()
         if not only or name in only
     ]
-    if only and OUT.exists():  # keep the other options' last results
-        kept = [r for r in json.loads(OUT.read_text())["results"] if r["name"] not in only]
+    out = common.results_path("loss_options")
+    if only and out.exists():  # keep the other options' last results
+        kept = [r for r in json.loads(out.read_text())["results"] if r["name"] not in only]
         order = [*OPTIONS, *AGENTIC_OPTIONS]
         results = sorted(
             kept + results, key=lambda r: order.index(r["name"]) if r["name"] in order else len(order)
@@ -162,7 +161,8 @@ def main() -> None:
                 for k, v in r.get("figures", {}).items()
             )
         )
-    common.finish(record, OUT, {"written": str(OUT.relative_to(REPO))}, indent=1)
+    out = common.write_results(record, "loss_options", indent=1, config=config)
+    print(json.dumps({"written": str(out)}))
 
 
 if __name__ == "__main__":

@@ -21,28 +21,38 @@ The figure reported is the peak resident set size of the measured call above the
 resident size just before it (``ru_maxrss`` after, minus RSS before: the allocations the call
 itself made, model and inputs excluded; glibc's mmap threshold is fixed so that freed buffers leave
 the resident set). On a GPU the same code paths would be measured with
-``torch.cuda.max_memory_allocated`` (see ``benchmarks/gpu_smoke.py``).
+``torch.cuda.max_memory_allocated`` (see ``benchmarks/gpu/gpu_smoke.py``).
 
 Writes ``benchmarks/results/memory.json``, ``memory.md`` (the table) and ``memory.png``.
 
-    python benchmarks/memory.py
+    python -m benchmarks.performance.memory [--smoke]
 """
 
 from __future__ import annotations
 
+import json
 import os
 import resource
 import time
 from pathlib import Path
 from typing import Any
 
-import common
+from benchmarks.harness import common, figures, stats
 
-VOCABS = (49152, 151936)
-LOGPROB_BATCHES = (1, 4, 8)  # micro-batch sizes, each of LOGPROB_LENGTH positions
-LOGPROB_LENGTH = 128
-GENERATE_BATCHES = (4, 16)
-GENERATE_TOKENS = 32
+# the measured sizes: micro-batches of `logprob_length` positions, generations of `generate_tokens`;
+# `--smoke`: one small configuration of each kind (seconds, for make bench-smoke)
+SIZES = {
+    "full": dict(
+        vocabs=(49152, 151936),
+        logprob_batches=(1, 4, 8),
+        logprob_length=128,
+        generate_batches=(4, 16),
+        generate_tokens=32,
+    ),
+    "smoke": dict(
+        vocabs=(4096,), logprob_batches=(1,), logprob_length=16, generate_batches=(2,), generate_tokens=4
+    ),
+}
 TEMPERATURE = 0.7
 MB = 2**20
 
@@ -113,7 +123,8 @@ def policy(vocab: int, dtype: str):
 
 
 def child(config: dict) -> dict[str, Any]:
-    """One measurement (``config``: kind, vocab, batch, impl) in this process: its peak above start."""
+    """One measurement (``config``: kind, vocab, batch, impl, length or tokens) in this process: its peak
+    above start."""
     import torch
 
     torch.set_num_threads(2)
@@ -125,7 +136,7 @@ def child(config: dict) -> dict[str, Any]:
 
         model, _ = policy(vocab, "bfloat16").build()
         upcast_trainable_parameters(model)  # the trainer's float32 masters, bf16 compute below
-        input_ids = torch.randint(3, 24, (batch, LOGPROB_LENGTH))
+        input_ids = torch.randint(3, 24, (batch, config["length"]))
         compute = old_token_logprobs if impl == "before" else token_logprobs
         base = rss_mb()
         start = time.perf_counter()
@@ -137,19 +148,19 @@ def child(config: dict) -> dict[str, Any]:
         del logits
         logp.sum().backward()
         elapsed = time.perf_counter() - start
-        positions = batch * LOGPROB_LENGTH
+        positions = batch * config["length"]
     else:
         from unirl_lightning.engines.hf import HFEngine, HFEngineConfig
         from unirl_lightning.rollout.records import SamplingParams
 
         engine = HFEngine(HFEngineConfig(device="cpu", num_threads=2), policy(vocab, "float32"), None)
         prompts = [torch.randint(3, 24, (8,)).tolist() for _ in range(batch)]
-        sampling = SamplingParams(temperature=1.0, max_new_tokens=GENERATE_TOKENS)
+        sampling = SamplingParams(temperature=1.0, max_new_tokens=config["tokens"])
         base = rss_mb()
         start = time.perf_counter()
         with torch.no_grad():
             if impl == "before":
-                tokens, _ = old_generate_logprobs(engine, prompts, GENERATE_TOKENS, 1.0)
+                tokens, _ = old_generate_logprobs(engine, prompts, config["tokens"], 1.0)
                 generated = sum(len(t) for t in tokens)
             else:
                 generated = sum(len(c) for c, _, _ in engine.generate_ids(prompts, sampling, seed=0))
@@ -167,15 +178,21 @@ def child(config: dict) -> dict[str, Any]:
     }
 
 
-def configurations() -> list[dict]:
+def configurations(sizes: dict[str, Any]) -> list[dict]:
     configs = []
-    for vocab in VOCABS:
-        for batch in LOGPROB_BATCHES:
+    for vocab in sizes["vocabs"]:
+        for batch in sizes["logprob_batches"]:
             for impl in ("before", "after"):
-                configs.append({"kind": "logprobs", "vocab": vocab, "batch": batch, "impl": impl})
-        for batch in GENERATE_BATCHES:
+                length = sizes["logprob_length"]
+                configs.append(
+                    {"kind": "logprobs", "vocab": vocab, "batch": batch, "impl": impl, "length": length}
+                )
+        for batch in sizes["generate_batches"]:
             for impl in ("before", "after"):
-                configs.append({"kind": "generate", "vocab": vocab, "batch": batch, "impl": impl})
+                tokens = sizes["generate_tokens"]
+                configs.append(
+                    {"kind": "generate", "vocab": vocab, "batch": batch, "impl": impl, "tokens": tokens}
+                )
     return configs
 
 
@@ -191,9 +208,9 @@ def table(results: list[dict]) -> str:
     for (kind, vocab, batch), pair in sorted(by_key.items()):
         before, after = pair["before"], pair["after"]
         what = (
-            f"log-prob fwd+bwd (T={LOGPROB_LENGTH})"
+            f"log-prob fwd+bwd (T={after['length']})"
             if kind == "logprobs"
-            else f"HF generate (N={GENERATE_TOKENS})"
+            else f"HF generate (N={after['tokens']})"
         )
         lines.append(
             f"| {what} | {vocab} | {batch} | {after['positions']} | {after['float32_bvt_mb']:.0f} "
@@ -205,12 +222,15 @@ def table(results: list[dict]) -> str:
 
 
 def plot(results: list[dict], path: Path) -> None:
-    fig, axes = common.pyplot().subplots(1, 2, figsize=(11, 4))
+    fig, axes = figures.pyplot().subplots(1, 2, figsize=(11, 4))
     for ax, kind, title in (
-        (axes[0], "logprobs", f"log-prob forward+backward, T={LOGPROB_LENGTH}"),
-        (axes[1], "generate", f"HF generation, {GENERATE_TOKENS} new tokens"),
+        (axes[0], "logprobs", "log-prob forward+backward, T={length}"),
+        (axes[1], "generate", "HF generation, {tokens} new tokens"),
     ):
-        for vocab, marker in zip(VOCABS, ("o", "s")):
+        sample = next(r for r in results if r["kind"] == kind)
+        title = title.format(length=sample.get("length"), tokens=sample.get("tokens"))
+        vocabs = sorted({r["vocab"] for r in results})
+        for vocab, marker in zip(vocabs, ("o", "s")):
             for impl, style in (("before", "--"), ("after", "-")):
                 rows = sorted(
                     (r for r in results if r["kind"] == kind and r["vocab"] == vocab and r["impl"] == impl),
@@ -228,37 +248,46 @@ def plot(results: list[dict], path: Path) -> None:
         ax.set_title(title)
         ax.legend(fontsize=8)
         ax.grid(alpha=0.3)
-    common.save_figure(fig, path)
+    figures.save_figure(fig, path)
 
 
 def run(config: dict[str, Any]) -> dict[str, Any]:
-    """Every configuration, each in a fresh process; the results record."""
+    """Every configuration, each in a fresh process (``smoke``: all in this one, which checks the code
+    paths, not the figures); the results record."""
     # a fixed mmap threshold: every large buffer is its own mapping, returned when freed, so the
     # peak RSS follows the live allocations (glibc's adaptive threshold otherwise keeps freed
     # step-sized buffers in the heap, and the generation figures wander by hundreds of MB)
     os.environ.setdefault("MALLOC_MMAP_THRESHOLD_", str(256 * 1024))
     results = []
-    for measurement in configurations():
-        result = common.run_child(Path(__file__), measurement, timeout_s=600)
+    for measurement in configurations(SIZES["smoke" if config["smoke"] else "full"]):
+        if config["smoke"]:
+            result = child(measurement)
+        else:
+            result = common.run_child(Path(__file__), measurement, timeout_s=600)
         print(
             f"{measurement['kind']:9s} V={measurement['vocab']:6d} B={measurement['batch']:2d} "
             f"{measurement['impl']:6s} peak +{result['peak_above_start_mb']:7.0f} MB  {result['seconds']:.2f} s",
             flush=True,
         )
         results.append(result)
-    return {"machine": common.machine(), "results": results}
+    return {"machine": stats.machine(), "results": results}
 
 
 def main() -> None:
-    config = common.parse_config(common.script_parser(__doc__), child=child)
+    parser = common.script_parser(__doc__)
+    parser.add_argument(
+        "--smoke",
+        action="store_true",
+        help="one small configuration of each kind, in this process (seconds; the figures mean nothing)",
+    )
+    config = common.parse_config(parser, child=child)
     record = run(config)
     markdown = table(record["results"])
-    (common.RESULTS / "memory.md").parent.mkdir(parents=True, exist_ok=True)
-    (common.RESULTS / "memory.md").write_text(markdown + "\n")
-    plot(record["results"], common.RESULTS / "memory.png")
+    out = common.write_results(record, "memory", config=config)
+    out.with_suffix(".md").write_text(markdown + "\n")
+    plot(record["results"], out.with_suffix(".png"))
     print(markdown)
-    written = [f"benchmarks/results/memory.{ext}" for ext in ("json", "md", "png")]
-    common.finish(record, "memory", {"written": written})
+    print(json.dumps({"written": [str(out.with_suffix(ext)) for ext in (".json", ".md", ".png")]}))
 
 
 if __name__ == "__main__":

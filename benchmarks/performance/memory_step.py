@@ -21,7 +21,7 @@ activations, the logits and what comes with them, which is what the plan's
 
 Writes ``benchmarks/results/memory_step.json`` and prints a markdown table.
 
-    python benchmarks/memory_step.py [--models tiny-256 tiny-512 smollm2] [--reestimate]
+    python -m benchmarks.performance.memory_step [--models tiny-256 tiny-512 smollm2] [--reestimate]
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-import common
+from benchmarks.harness import common, stats
 
 ROWS, PROMPT, COMPLETION = 16, 90, 64
 MIB = 2**20
@@ -155,9 +155,11 @@ def child(config: dict) -> dict[str, Any]:
     return {**config, "peak_above_start_mb": peak - start_rss, "seconds": seconds}
 
 
-def configs(models: list[str]) -> list[dict[str, Any]]:
+def configs(models: list[str], smoke: bool = False) -> list[dict[str, Any]]:
     """Every model x dtype x checkpointing with every row in one micro-batch, then SmolLM2 without
-    checkpointing at 4 and 1 rows per micro-batch."""
+    checkpointing at 4 and 1 rows per micro-batch (``smoke``: the first model in float32 only)."""
+    if smoke:
+        return [{"model": models[0], "dtype": "float32", "checkpointing": False, "micro_batch_rows": None}]
     grid = [
         {"model": model, "dtype": dtype, "checkpointing": checkpointing, "micro_batch_rows": None}
         for model in models
@@ -175,9 +177,9 @@ def configs(models: list[str]) -> list[dict[str, Any]]:
 
 def run(config: dict[str, Any]) -> dict[str, Any]:
     """Every configuration, each in a fresh process; the results record."""
-    os.environ.setdefault("MALLOC_MMAP_THRESHOLD_", str(256 * 1024))  # as benchmarks/memory.py
+    os.environ.setdefault("MALLOC_MMAP_THRESHOLD_", str(256 * 1024))  # as memory.py
     results = []
-    for cfg in configs(config["models"]):
+    for cfg in configs(config["models"], config["smoke"]):
         result = common.run_child(Path(__file__), cfg, timeout_s=1800)
         result["shape"] = model_shape(cfg["model"])
         result.update(estimate(result))
@@ -188,7 +190,7 @@ def run(config: dict[str, Any]) -> dict[str, Any]:
             flush=True,
         )
         results.append(result)
-    return {"rows": ROWS, "row_tokens": PROMPT + COMPLETION, "machine": common.machine(), "results": results}
+    return {"rows": ROWS, "row_tokens": PROMPT + COMPLETION, "machine": stats.machine(), "results": results}
 
 
 def table(results: list[dict[str, Any]]) -> str:
@@ -210,6 +212,7 @@ def table(results: list[dict[str, Any]]) -> str:
 def main() -> None:
     parser = common.script_parser(__doc__)
     parser.add_argument("--models", nargs="+", choices=MODELS, default=list(MODELS))
+    parser.add_argument("--smoke", action="store_true", help="one configuration (the first model, float32)")
     parser.add_argument(
         "--reestimate",
         action="store_true",
@@ -230,7 +233,7 @@ def main() -> None:
         )
         for r in record["results"]
     }
-    common.finish(record, "memory_step", {"estimate_over_measured": ratios})
+    common.finish(record, "memory_step", {"estimate_over_measured": ratios}, config=config)
 
 
 if __name__ == "__main__":

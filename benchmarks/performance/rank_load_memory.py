@@ -20,7 +20,9 @@ and never holds the model on the host.
 
 Writes ``benchmarks/results/rank_load_memory.json`` and prints a markdown table.
 
-    python benchmarks/rank_load_memory.py [--parallel ddp fsdp] [--dtype float32 bfloat16]
+    python -m benchmarks.performance.rank_load_memory [--parallel ddp fsdp] [--dtype float32 bfloat16] [--load-once off on]
+
+``--model tiny`` (a 2-layer random-init Llama instead of SmolLM2) is the smoke run.
 """
 
 from __future__ import annotations
@@ -29,9 +31,18 @@ import time
 from pathlib import Path
 from typing import Any
 
-import common
+from benchmarks.harness import common, stats
 
 MODEL = "smollm2-135m-instruct"
+TINY = dict(hidden_size=64, num_layers=2, num_heads=4, intermediate_size=128)  # --model tiny: a smoke run
+
+
+def policy_spec(model: str, dtype: str):
+    from unirl_lightning.models.causal_lm import PretrainedCausalLM, TinyCausalLM
+
+    if model == "tiny":
+        return TinyCausalLM(**TINY, dtype=dtype)
+    return PretrainedCausalLM(name_or_path=MODEL, dtype=dtype, chat=True)
 
 
 def status_mb() -> dict[str, float]:
@@ -52,7 +63,6 @@ def child(config: dict) -> dict[str, Any] | None:
 
     from unirl_lightning.callbacks import WeightSyncCallback, WeightVersionLogger
     from unirl_lightning.data import PromptDataModule
-    from unirl_lightning.models.causal_lm import PretrainedCausalLM
     from unirl_lightning.modules import GRPOModule
     from unirl_lightning.strategy import AsyncRolloutDDPStrategy, AsyncRolloutFSDPStrategy
 
@@ -93,7 +103,7 @@ def child(config: dict) -> dict[str, Any] | None:
     )
     start = time.perf_counter()
     module = GRPOModule(
-        policy=PretrainedCausalLM(name_or_path=MODEL, dtype=config["dtype"], chat=True),
+        policy=policy_spec(config["model"], config["dtype"]),
         num_generations=2,
         max_new_tokens=8,
         load_once_per_node=config["load_once_per_node"],
@@ -130,14 +140,20 @@ def run(config: dict[str, Any]) -> dict[str, Any]:
     rows = []
     for dtype in config["dtype"]:
         for parallel in config["parallel"]:
-            for on in (False, True):
-                cfg = {"dtype": dtype, "parallel": parallel, "load_once_per_node": on}
+            for on in [{"off": False, "on": True}[name] for name in config["load_once"]]:
+                cfg = {
+                    "dtype": dtype,
+                    "parallel": parallel,
+                    "load_once_per_node": on,
+                    "model": config["model"],
+                }
                 name = f"{dtype}-{parallel}-{on}"
                 result = common.run_child(Path(__file__), {**cfg, "name": name}, timeout_s=1200)
                 for rank in sorted(result["ranks"], key=lambda r: r["rank"]):
                     rows.append(row(cfg, rank))
                     print(rows[-1], flush=True)
-    return {"model": f"PretrainedCausalLM({MODEL!r})", "machine": common.machine(), "rows": rows}
+    model = f"PretrainedCausalLM({MODEL!r})" if config["model"] == "smollm2" else f"TinyCausalLM({TINY})"
+    return {"model": model, "machine": stats.machine(), "rows": rows}
 
 
 def main() -> None:
@@ -146,7 +162,10 @@ def main() -> None:
     parser.add_argument(
         "--dtype", nargs="+", choices=["float32", "bfloat16"], default=["float32", "bfloat16"]
     )
-    record = run(common.parse_config(parser, child=child))
+    parser.add_argument("--load-once", nargs="+", choices=["off", "on"], default=["off", "on"])
+    parser.add_argument("--model", choices=["smollm2", "tiny"], default="smollm2", help="tiny: a smoke run")
+    config = common.parse_config(parser, child=child)
+    record = run(config)
     lines = [
         "| dtype | parallel | load_once_per_node | rank | on meta | after build: RSS (anon + file) MB "
         "| peak to build MB | RSS at fit start MB | peak to first step MB | build s |",
@@ -165,7 +184,7 @@ def main() -> None:
         ]
         for r in record["rows"]
     }
-    common.finish(record, "rank_load_memory", {"peak_to_first_step_mb": peaks})
+    common.finish(record, "rank_load_memory", {"peak_to_first_step_mb": peaks}, config=config)
 
 
 if __name__ == "__main__":

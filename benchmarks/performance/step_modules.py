@@ -3,7 +3,7 @@ trainer process (the strategy, runtime, controller, loop, module, weight sync, c
 start of step ``--from`` to the start of step ``--to`` of the tiny recipe (async, HF engine in a Ray
 worker). The workers' own processes are not in it. Prints the modules and their count.
 
-    python benchmarks/step_modules.py [--steps 8] [--from 5] [--to 6] [--out step_modules]
+    python -m benchmarks.performance.step_modules [--steps 8] [--from 5] [--to 6] [--out step_modules]
 """
 
 from __future__ import annotations
@@ -14,8 +14,9 @@ import sys
 import tempfile
 from pathlib import Path
 
-import common
 from lightning.pytorch.callbacks import Callback
+
+from benchmarks.harness import common
 
 RECIPE = common.REPO / "examples" / "grpo_tiny.yaml"
 
@@ -78,7 +79,7 @@ def main(argv: list[str] | None = None) -> int:
     print("\n".join(result["modules"]))
     print(f"{result['count']} package modules ran in the trainer process during one RL step")
     if config["out"]:
-        print(f"wrote {common.write_results(result, config['out'])}")
+        print(f"wrote {common.write_results(result, config['out'], config=config)}")
     return 0
 
 

@@ -14,12 +14,12 @@ the GPU setup). Two paths, each timed over ``--pushes`` pushes of the whole mode
   its engine-core process.
 
 On a CPU machine gloo moves host memory over TCP; on GPU the collective path is NCCL from the
-trainer's GPU into vLLM's (``gpu_smoke.py``). Prints a table and writes
+trainer's GPU into vLLM's (``benchmarks/gpu/gpu_smoke.py``). Prints a table and writes
 ``benchmarks/results/weight_push_paths.json``.
 
 Usage::
 
-    .venv-vllm/bin/python benchmarks/weight_push_paths.py [--pushes 5] [--bucket-mb 128]
+    .venv-vllm/bin/python -m benchmarks.performance.weight_push_paths [--pushes 5] [--bucket-mb 128]
 """
 
 from __future__ import annotations
@@ -30,11 +30,14 @@ import statistics
 import time
 from typing import Any
 
-os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "1"  # the engine core in its own process
-os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
-os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+from benchmarks.harness import common
 
-import common  # noqa: E402
+
+def set_environment() -> None:
+    """Before vLLM is imported: its engine core in its own process, quiet."""
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "1"
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 
 def time_path(name: str, config: dict[str, Any], policy, model) -> dict:
@@ -123,6 +126,7 @@ def main() -> None:
     parser.add_argument("--bucket-mb", type=float, default=128, help="bucket size of both paths")
     parser.add_argument("--paths", nargs="+", default=["collective", "object_store"])
     config = common.parse_config(parser)
+    set_environment()
     record = run(config)
     print(f"{'path':<14}{'first push s':>14}{'median s':>10}{'min s':>8}{'max s':>8}{'GB/s':>7}{'MB':>8}")
     for r in record["results"]:
@@ -130,7 +134,7 @@ def main() -> None:
             f"{r['path']:<14}{r['first_push_s']:>14.3f}{r['push_s_median']:>10.3f}{r['push_s_min']:>8.3f}"
             f"{r['push_s_max']:>8.3f}{r['GB_per_s']:>7.2f}{r['bytes'] / 1e6:>8.0f}"
         )
-    common.finish(record, "weight_push_paths")
+    common.finish(record, "weight_push_paths", config=config)
 
 
 if __name__ == "__main__":

@@ -10,7 +10,7 @@ that the push is not all overhead. Every sync's ``sync/time_s`` (push, as rank 0
 
 Prints a table and a final JSON line, writes ``benchmarks/results/weight_sync_ranks.json``.
 
-    python benchmarks/weight_sync_ranks.py [--steps 12]
+    python -m benchmarks.performance.weight_sync_ranks [--steps 12] [--backends ...] [--parallel single ddp fsdp]
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-import common
+from benchmarks.harness import common
 
 CONFIGS = [(1, "single"), (2, "ddp"), (2, "fsdp")]  # (ranks, parallel)
 
@@ -96,8 +96,9 @@ def run(config: dict[str, Any]) -> dict[str, Any]:
     """Every backend x (1 rank, 2 DDP ranks, 2 FSDP ranks); the record."""
     rows = [
         run_one({"ranks": ranks, "parallel": parallel, "backend": backend, "steps": config["steps"]})
-        for backend in ("object_store", "collective")
+        for backend in config["backends"]
         for ranks, parallel in CONFIGS
+        if parallel in config["parallel"]
     ]
     return {"rows": rows, "model": "TinyCausalLM(hidden 256, 4 layers)", "machine": "2 CPU cores"}
 
@@ -105,6 +106,15 @@ def run(config: dict[str, Any]) -> dict[str, Any]:
 def main() -> None:
     parser = common.script_parser(__doc__)
     parser.add_argument("--steps", type=int, default=12)
+    parser.add_argument(
+        "--backends",
+        nargs="+",
+        choices=["object_store", "collective"],
+        default=["object_store", "collective"],
+    )
+    parser.add_argument(
+        "--parallel", nargs="+", choices=[p for _, p in CONFIGS], default=[p for _, p in CONFIGS]
+    )
     config = common.parse_config(parser, child=child)
     record = run(config)
     print(
@@ -115,7 +125,7 @@ def main() -> None:
             f"{row['backend']:<13} {row['ranks']:>5} {row['parallel']:>8} {row['sync_ms_median']:>17.1f} "
             f"{row['bytes_per_rank'] / 1e6:>12.2f} {row['bytes_total'] / 1e6:>9.2f}"
         )
-    common.finish(record, "weight_sync_ranks")
+    common.finish(record, "weight_sync_ranks", config=config)
 
 
 if __name__ == "__main__":

@@ -2,15 +2,12 @@
 
 Each attack is a solution ``def f(x)`` that tries to do harm and returns what its one test expects
 only when the harm worked (the contents of ``/etc/shadow``, ``"connected"``, 10 GiB written, ...) or
-hangs (a process meant to outlive the run). Run through ``CodeExecutionReward.run_tests`` (the
-reward's own path), with tight limits. After every attack the host is checked: no process whose
-command line holds the sandbox runner or the attack's marker, no new file in the host's temporary
-folder or this checkout, nothing reached the port the attacks target, free disk space not lower.
-
-Writes ``benchmarks/results/sandbox_attacks.json`` and prints a markdown table (docs/rewards.md
-carries it). About 15 s.
-
-    python benchmarks/sandbox_attacks.py [--timeout-s 3]
+hangs (a process meant to outlive the run). :func:`run` sends each through
+``CodeExecutionReward.run_tests`` (the reward's own path), with tight limits. After every attack the
+host is checked: no process whose command line holds the sandbox runner or the attack's marker, no new
+file in the host's temporary folder or this checkout, nothing reached the port the attacks target, free
+disk space not lower. ``test_sandbox_attacks.py`` asserts the outcome (about 15 s); the table of one run
+is in docs/datasets_and_rewards.md.
 """
 
 from __future__ import annotations
@@ -27,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 GIB = 1 << 30
 
 
@@ -278,34 +275,3 @@ def run(config: dict[str, Any]) -> dict[str, Any]:
         "new_tmp_entries_with_marker": sorted(e for e in tmp_after - tmp_before if "unirl-attack" in e),
         "free_disk_drop_bytes": max(0, free_before - shutil.disk_usage(tempfile.gettempdir()).free),
     }
-
-
-def table(result: dict[str, Any]) -> str:
-    """The markdown table of one result."""
-    lines = ["| attack | score | time (s) | what it got | left on the host |", "|---|---|---|---|---|"]
-    for row in result["attacks"]:
-        left = row["processes_left"] + row["files_left"]
-        outcome = row["outcome"].replace("|", "\\|").replace("\n", " ")[:70]
-        lines.append(
-            f"| {row['attack']} | {row['score']:g} | {row['seconds']:.2f} | {outcome} | "
-            f"{'; '.join(left) if left else 'nothing'} |"
-        )
-    return "\n".join(lines)
-
-
-def main() -> None:
-    import common
-
-    parser = common.script_parser(__doc__)
-    parser.add_argument("--timeout-s", type=float, default=3.0, help="each run's wall-clock limit")
-    parser.add_argument(
-        "--out", default="sandbox_attacks", help="results file (a bare name: benchmarks/results/)"
-    )
-    config = common.parse_config(parser)
-    result = run(config)
-    print(table(result))
-    common.finish(result, config.pop("out"), final={"attacks": len(result["attacks"])})
-
-
-if __name__ == "__main__":
-    main()

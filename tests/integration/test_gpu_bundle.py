@@ -148,7 +148,7 @@ def test_without_cuda_the_smoke_fails_with_one_line():
 
     if torch.cuda.is_available():
         pytest.skip("a CUDA device is visible")
-    proc = run([sys.executable, str(REPO / "benchmarks" / "gpu_smoke.py")])
+    proc = run([sys.executable, "-m", "benchmarks.gpu.gpu_smoke"], cwd=REPO)
     assert proc.returncode == 3
     assert proc.stderr.strip().splitlines()[-1].startswith("gpu_smoke: no CUDA device")
     assert "--cpu" in proc.stderr

@@ -1,16 +1,13 @@
-"""The adversarial suite (``benchmarks/sandbox_attacks.py``): every attack scores 0, within its timeout,
-and leaves nothing on the host; the sandbox still scores an honest completion afterwards."""
+"""The adversarial suite (``sandbox_attacks.py`` beside this file): every attack scores 0, within its
+timeout, and leaves nothing on the host; the sandbox still scores an honest completion afterwards.
+Skipped where bubblewrap is missing or cannot sandbox (``make sandbox`` installs it)."""
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
 
+from tests.integration import sandbox_attacks
 from unirl_lightning.rewards.sandbox import Sandbox, SandboxUnavailableError
-
-BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
 
 
 def _sandbox_works() -> bool:
@@ -22,11 +19,6 @@ def _sandbox_works() -> bool:
 
 @pytest.mark.skipif(not _sandbox_works(), reason="bubblewrap is not installed or cannot sandbox here")
 def test_every_attack_scores_zero_and_leaves_nothing_on_the_host():
-    sys.path.insert(0, str(BENCHMARKS))
-    try:
-        import sandbox_attacks
-    finally:
-        sys.path.remove(str(BENCHMARKS))
     timeout_s = 3.0
     result = sandbox_attacks.run({"timeout_s": timeout_s})
     rows = {row["attack"]: row for row in result["attacks"]}

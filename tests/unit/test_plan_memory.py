@@ -1,7 +1,7 @@
 """Pins the plan's estimate of a training step's memory (unirl_lightning.planning.plan): the terms of
 ``step_memory_terms`` for a known shape, ``step_peak``'s two regimes (several micro-batches add up;
 one peaks before the gradients fill in), and that the estimate stays within the calibration error
-docs/gpus.md states against the CPU peaks ``benchmarks/memory_step.py`` recorded."""
+docs/gpus.md states against the CPU peaks ``benchmarks/performance/memory_step.py`` recorded."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """The restricted integer types of the public signatures, for LightningCLI / jsonargparse.
 
 With jsonargparse installed (a dependency of the package: the CLI) a bad YAML value fails at parse time
-naming the key. Without it (a machine with torch alone, e.g. to run ``benchmarks/gpu_smoke.py``) they
+naming the key. Without it (a machine with torch alone, e.g. to run ``python -m benchmarks.gpu.gpu_smoke``) they
 are plain ``int`` and the library still imports; the constructors check their values themselves.
 """
 

@@ -23,7 +23,7 @@ float32 masters) and before the strategy wraps the module or any weight is pushe
 
 On GPUs the ranks > 0 therefore never hold the model on the host: their storage is created on their
 GPU and filled there (NCCL broadcasts device tensors). On CPU the training device is the host, so each
-DDP rank still ends up holding its replica; what it saves is the load itself (``benchmarks/rank_load_memory.py``).
+DDP rank still ends up holding its replica; what it saves is the load itself (``benchmarks/performance/rank_load_memory.py``).
 Each node's local rank 0 loads (rank 0 of every node, so the host holds at most one copy per node);
 global rank 0's values are the ones every rank ends with.
 

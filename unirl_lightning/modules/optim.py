@@ -42,7 +42,7 @@ def adamw(params: list[torch.nn.Parameter], allow_fused: bool = True, **kwargs: 
     ``allow_fused=False``) torch's default implementation (on CPU a Python loop of about ten tensor
     ops per parameter). The update is the same AdamW (bit for bit on CPU float32 in the tests); HF
     ``Trainer`` (so TRL) uses the fused kernel by default too. Measured in
-    ``benchmarks/optimizer_step.py``.
+    ``python benchmarks/optimizer_step.py`` (in git history; its conclusion in docs/benchmarks.md).
 
     >>> adamw([torch.nn.Parameter(torch.zeros(2))], lr=0.1).param_groups[0]["fused"]
     True

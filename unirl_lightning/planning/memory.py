@@ -145,7 +145,7 @@ def step_estimate(
 ) -> tuple[dict[str, float], float]:
     """The terms of a mini-batch's step (``gradients_fp32``: the float32 gradients this rank holds,
     then :func:`step_memory_terms`'s) and its :func:`step_peak`, in bytes: what ``plan`` adds to the
-    weights and optimizer states of a training rank, and what ``benchmarks/memory_step.py`` checks."""
+    weights and optimizer states of a training rank, and what ``benchmarks/performance/memory_step.py`` checks."""
     terms = step_memory_terms(
         shape, tokens, kept_tokens, dtype_bytes, checkpointing, trainable_head, autocast_params
     )

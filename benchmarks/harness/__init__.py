@@ -1,0 +1,1 @@
+"""The shared harness: arguments, child processes, results and their envelope, figures, the registry."""

@@ -1,0 +1,1 @@
+"""Simulations: the real controller and loop on a discrete clock, with simulated engines and trainer."""
