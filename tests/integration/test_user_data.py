@@ -86,3 +86,28 @@ def test_an_unknown_verb_lists_every_verb(capsys):
     usage, last = capsys.readouterr().err.strip().splitlines()[-2:]
     assert usage.startswith("usage: unirl-lightning {fit,plan,validate,export,demo,recipes,test,predict}")
     assert last.endswith("did you mean 'fit'?"), last
+
+
+def test_empty_prompts_and_rows_without_their_answer_are_dropped_and_counted(own_data, caplog):
+    from unirl_lightning.data import PromptDataModule
+
+    lines = [{"question": f"{i}+1?", "answer": i + 1} for i in range(40)]  # int answers stay ints
+    lines[3]["question"] = "  "
+    lines[5]["answer"] = None
+    del lines[7]["answer"]
+    (own_data / "mine.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
+    data = PromptDataModule(train="mine.jsonl", prompt_key="question", val="mine.jsonl", batch_size=4)
+    data.setup()
+    records = data.train_records()
+    assert len(records) == 37 and data.dropped_prompts == {
+        "empty/train": 1,
+        "no_answer/train": 2,
+        "empty/val": 1,
+        "no_answer/val": 2,
+    }
+    assert all(r["prompt"].strip() and r["answer"] is not None for r in records)
+    assert records[0]["answer"] == 1  # a reward gets the answer as the file holds it
+    assert "1 with an empty prompt, 2 without their answer" in caplog.text
+    kept = PromptDataModule(train="mine.jsonl", prompt_key="question", answer_key=None, batch_size=4)
+    kept.setup()
+    assert len(kept.train_records()) == 39  # answer_key=None: no answer is read, only the empty prompt goes

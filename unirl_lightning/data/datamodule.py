@@ -241,7 +241,7 @@ class PromptDataModule(LightningDataModule):
         prompts longer than ``max_prompt_length``."""
         if self._train_records is None:
             records = self._load(self.train_source, self.num_train_prompts, self.seed, "train", self.split)
-            records = self._drop_overlong(records, "train")
+            records = self._drop_overlong(self._drop_unusable(records, "train"), "train")
             if len(records) < self.batch_size:
                 raise ValueError(
                     f"PromptDataModule train={self.train_source!r} has {len(records)} records, fewer than "
@@ -257,12 +257,72 @@ class PromptDataModule(LightningDataModule):
                 []
                 if val_source is None
                 else self._drop_overlong(
-                    self._load(
-                        val_source, self.num_val_prompts, held_out_seed(self.seed), "held_out", self.val_split
+                    self._drop_unusable(
+                        self._load(
+                            val_source,
+                            self.num_val_prompts,
+                            held_out_seed(self.seed),
+                            "held_out",
+                            self.val_split,
+                        ),
+                        "val",
                     ),
                     "val",
                 )
             )
+
+    def _drop_unusable(self, records: list[dict] | PromptRecords, split: str) -> list[dict] | PromptRecords:
+        """A dataset's rows without an empty prompt, or without their answer when ``answer_key`` names
+        one (the reward scores against it): dropped, counted in ``dropped_prompts["empty/<split>"]`` and
+        ``["no_answer/<split>"]``, logged with one warning, and written to the loggers as
+        ``data/dropped_prompts/empty/<split>`` and ``.../no_answer/<split>``."""
+        if not isinstance(records, PromptRecords):  # a built-in task: generated, never empty
+            return records
+        prompts = records.rows[records.prompt_key]
+        answers = records.rows[records.answer_key] if records.answer_key is not None else None
+
+        def empty(prompt: Any) -> bool:
+            if isinstance(prompt, list):  # chat messages: the last user turn is the prompt
+                prompt = next(
+                    (
+                        m.get("content")
+                        for m in reversed(prompt)
+                        if isinstance(m, dict) and m.get("role") == "user"
+                    ),
+                    "x",
+                )
+            return isinstance(prompt, str) and not prompt.strip()
+
+        counts = {"empty": 0, "no_answer": 0}
+        keep = []
+        for index, prompt in enumerate(prompts):
+            if empty(prompt):
+                counts["empty"] += 1
+            elif answers is not None and (answers[index] is None or answers[index] == ""):
+                counts["no_answer"] += 1
+            else:
+                keep.append(index)
+        trainer = getattr(self, "trainer", None)
+        for reason, count in counts.items():
+            self.dropped_prompts[f"{reason}/{split}"] = count
+            for logger in trainer.loggers if trainer is not None else []:
+                logger.log_metrics({f"data/dropped_prompts/{reason}/{split}": float(count)}, step=0)
+        if len(keep) == len(records):
+            return records
+        log.warning(
+            "PromptDataModule: dropped %d of %d %s rows of %s: %d with an empty prompt, %d without their "
+            "answer (%s)",
+            len(records) - len(keep),
+            len(records),
+            split,
+            records.source,
+            counts["empty"],
+            counts["no_answer"],
+            f"answer_key={records.answer_key!r}; answer_key=None reads no answer",
+        )
+        return PromptRecords(
+            records.rows.select(keep), records.prompt_key, records.answer_key, records.source
+        )
 
     def _drop_overlong(self, records: list[dict] | PromptRecords, split: str) -> list[dict] | PromptRecords:
         """``records`` without those whose prompt is longer than ``max_prompt_length`` tokens (counted
