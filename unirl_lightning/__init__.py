@@ -58,6 +58,7 @@ _EXPORTS = {
     # rewards
     "ExactMatchReward": "unirl_lightning.rewards",
     "MathVerifyReward": "unirl_lightning.rewards",
+    "ReasoningGymReward": "unirl_lightning.rewards",
     "CallableReward": "unirl_lightning.rewards",
     "FormatReward": "unirl_lightning.rewards",
     "CombinedReward": "unirl_lightning.rewards",

@@ -28,6 +28,7 @@ from unirl_lightning.core.preflight import (
     sync_replacement_error,
     weight_sync_placement_error,
 )
+from unirl_lightning.data.reasoning_gym import is_reasoning_gym, task_error
 from unirl_lightning.planning.plan import FSDP_STRATEGY, world_size
 
 log = logging.getLogger(__name__)
@@ -268,7 +269,8 @@ def _trainer_on_cuda(trainer: Any) -> bool:
 
 def check_data_paths(config: Any) -> None:
     """A ``train`` / ``val`` prompt source of the data module that is neither a built-in task, nor
-    ``hf:<id>``, nor an existing file or folder fails here, naming the key, before any run folder is
+    ``hf:<id>``, nor a reasoning-gym dataset (``reasoning_gym:<name>``, its name checked), nor an
+    existing file or folder fails here, naming the key, before any run folder is
     made (``fit`` only: ``plan`` and ``export`` need no data)."""
     from unirl_lightning.data.tasks import BUILTIN_TASKS
 
@@ -279,6 +281,14 @@ def check_data_paths(config: Any) -> None:
     for key in ("train", "val"):
         source = args.get(key)
         if not isinstance(source, str) or source in BUILTIN_TASKS or source.startswith("hf:"):
+            continue
+        if is_reasoning_gym(source):
+            try:
+                error = task_error(source, key=f"data.init_args.{key}")
+            except ImportError as exc:
+                error = str(exc)
+            if error is not None:
+                raise ValueError(error)
             continue
         path = Path(source).expanduser()
         if not path.exists():
@@ -326,6 +336,7 @@ def check_eval_prompts(config: Any, data_args: Namespace) -> None:
     if (
         not isinstance(train, str)
         or train in BUILTIN_TASKS
+        or is_reasoning_gym(train)
         or data_args.get("val")
         or data_args.get("val_split")
     ):

@@ -27,6 +27,7 @@ from lightning.pytorch import LightningDataModule
 from torch.utils.data import DataLoader
 
 from unirl_lightning.core.seeding import VAL_SEED_OFFSET, held_out_seed
+from unirl_lightning.data.reasoning_gym import is_reasoning_gym, reasoning_gym_records
 from unirl_lightning.data.sampler import PassSampler, collate_records, train_loader
 from unirl_lightning.data.sources import (
     DATASET_BUILDERS,
@@ -115,8 +116,10 @@ class PromptDataModule(LightningDataModule):
         seed: Seed of built-in tasks and of the training shuffle order.
         shuffle: Shuffle training records each pass (the order of pass ``e`` is a function of
             ``(seed, e)``, see :class:`PassSampler`, so a resume in any pass continues it exactly).
-        task_kwargs: Extra arguments of the built-in task(s), e.g. ``{"prefix_len": 2}``; with
-            datasets only they are ignored, with one warning naming them.
+        task_kwargs: Extra arguments of the built-in task(s), e.g. ``{"prefix_len": 2}``, or the config
+            of a reasoning-gym dataset (``train: "reasoning_gym:<name>"``,
+            :mod:`~unirl_lightning.data.reasoning_gym`); with datasets only they are ignored, with one
+            warning naming them.
         held_out: ``"disjoint"`` or ``"resample"``: how built-in held-out records relate to the
             training records (above).
         split: The split of a ``DatasetDict`` folder or hub dataset to train on (default ``"train"``).
@@ -177,7 +180,7 @@ class PromptDataModule(LightningDataModule):
         _check_positive_int("batch_size", batch_size)
         _check_positive_int("num_train_prompts", num_train_prompts)
         _check_positive_int("num_val_prompts", num_val_prompts)
-        uses_task = train in BUILTIN_TASKS or val in BUILTIN_TASKS
+        uses_task = any(source in BUILTIN_TASKS or is_reasoning_gym(source) for source in (train, val))
         if task_kwargs and not uses_task:
             log.warning(
                 "PromptDataModule: task_kwargs %s are ignored: they only apply to built-in tasks, and train=%r "
@@ -213,6 +216,9 @@ class PromptDataModule(LightningDataModule):
     def _load(
         self, source: str, num_prompts: int, seed: int, partition: Partition, dataset_split: str | None
     ) -> list[dict] | PromptRecords:
+        if is_reasoning_gym(source):  # from a seed; held-out and training prompts always disjoint
+            kind = "held_out" if partition == "held_out" else "train"
+            return reasoning_gym_records(source, num_prompts, seed, self.task_kwargs, partition=kind)
         if source in BUILTIN_TASKS:  # small and generated: a plain list
             return list(
                 load_prompt_dataset(
@@ -251,7 +257,7 @@ class PromptDataModule(LightningDataModule):
         if self._val_records is None:
             val_source = self.val_source
             if val_source is None:
-                builtin = self.train_source in BUILTIN_TASKS
+                builtin = self.train_source in BUILTIN_TASKS or is_reasoning_gym(self.train_source)
                 val_source = self.train_source if builtin or self.val_split is not None else None
             self._val_records = (
                 []

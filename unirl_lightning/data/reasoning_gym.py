@@ -1,0 +1,123 @@
+"""reasoning-gym's procedural datasets as a prompt source: ``data.train: "reasoning_gym:<name>"``.
+
+`reasoning-gym <https://github.com/open-thought/reasoning-gym>`_ generates about a hundred reasoning
+datasets (arithmetic, chain sums, countdown, logic, graphs, games, ...) from a seed, each with its own
+scorer. A record keeps the entry reasoning-gym scores against (``record["reasoning_gym"]``: its
+question, answer and metadata), so :class:`~unirl_lightning.rewards.ReasoningGymReward` calls that
+dataset's own ``score_answer``. The data module's ``task_kwargs`` is the dataset's config (e.g.
+``{"min_terms": 2, "max_terms": 3}``); ``reasoning_gym:composite`` mixes several with weights:
+``task_kwargs: {datasets: [{name: basic_arithmetic, weight: 2, config: {...}}, {name: chain_sum, weight: 1}]}``.
+
+Held-out prompts never meet training ones: an entry belongs to the held-out partition when a hash of
+its question falls in one bucket of ten, to training otherwise, and each split reads entries of its
+own partition (training from the data seed, held-out from the held-out seed). An optional extra:
+``pip install "unirl-lightning[reasoning-gym]"``.
+"""
+
+from __future__ import annotations
+
+import difflib
+import hashlib
+from typing import Any
+
+__all__ = ["PREFIX", "dataset_names", "is_reasoning_gym", "reasoning_gym_records", "task_error"]
+
+PREFIX = "reasoning_gym:"
+HELD_OUT_BUCKETS = 10  # one bucket of ten is held out
+MAX_DRAWS_PER_RECORD = 50  # a dataset whose partition is this sparse is too small for the request
+
+
+def is_reasoning_gym(source: Any) -> bool:
+    return isinstance(source, str) and source.startswith(PREFIX)
+
+
+def _library() -> Any:
+    try:
+        import reasoning_gym
+    except ImportError as exc:
+        raise ImportError(
+            'data.init_args.train="reasoning_gym:..." needs reasoning-gym: pip install "unirl-lightning[reasoning-gym]" '
+            "(make test installs it)"
+        ) from exc
+    return reasoning_gym
+
+
+def dataset_names() -> list[str]:
+    """Every dataset reasoning-gym registers, sorted."""
+    return sorted(_library().factory.DATASETS)
+
+
+def task_error(source: str, key: str = "data.init_args.train") -> str | None:
+    """Why ``source`` names no reasoning-gym dataset (naming the closest names), or None."""
+    name = source[len(PREFIX) :]
+    names = dataset_names()
+    if name in names:
+        return None
+    close = difflib.get_close_matches(name, names, n=3, cutoff=0.5)
+    hint = f"; closest: {', '.join(close)}" if close else f"; {len(names)} names, e.g. {', '.join(names[:5])}"
+    return f"{key}={source!r}: reasoning-gym has no dataset {name!r}{hint}"
+
+
+def _partition(question: str) -> str:
+    digest = hashlib.blake2b(question.encode(), digest_size=8).digest()
+    return "held_out" if int.from_bytes(digest, "little") % HELD_OUT_BUCKETS == 0 else "train"
+
+
+def _dataset(name: str, size: int, seed: int, config: dict[str, Any]) -> Any:
+    library = _library()
+    config = dict(config)
+    if name == "composite":
+        specs = config.pop("datasets", None)
+        if not specs:
+            raise ValueError(
+                "data.init_args.task_kwargs.datasets: reasoning_gym:composite needs a list of "
+                "{name, weight, config} entries"
+            )
+        config["datasets"] = [
+            library.composite.DatasetSpec(s["name"], float(s.get("weight", 1.0)), dict(s.get("config") or {}))
+            for s in specs
+        ]
+    try:
+        return library.create_dataset(name, size=size, seed=seed, **config)
+    except (TypeError, ValueError, AssertionError, KeyError) as exc:
+        raise ValueError(
+            f"data.init_args.task_kwargs: reasoning-gym's {name!r} refused its config {config}: {exc}"
+        ) from exc
+
+
+def reasoning_gym_records(
+    source: str,
+    num_prompts: int,
+    seed: int,
+    config: dict[str, Any] | None = None,
+    partition: str | None = "train",
+) -> list[dict]:
+    """``num_prompts`` records of reasoning-gym's dataset ``source`` (``"reasoning_gym:<name>"``) drawn
+    from ``seed``, all of ``partition`` (``"train"`` or ``"held_out"``; None: every entry).
+
+    >>> records = reasoning_gym_records("reasoning_gym:basic_arithmetic", 2, seed=1)
+    >>> sorted(records[0]), records[0]["prompt"] == records[0]["reasoning_gym"]["question"]
+    (['answer', 'prompt', 'reasoning_gym'], True)
+    """
+    error = task_error(source)
+    if error is not None:
+        raise ValueError(error)
+    name = source[len(PREFIX) :]
+    draws = num_prompts if partition is None else num_prompts * MAX_DRAWS_PER_RECORD
+    dataset = _dataset(name, draws, seed, config or {})
+    records: list[dict] = []
+    seen: set[str] = set()
+    for index in range(draws):
+        entry = dataset[index]
+        question = entry["question"]
+        if question in seen or (partition is not None and _partition(question) != partition):
+            continue
+        seen.add(question)
+        records.append({"prompt": question, "answer": entry["answer"], "reasoning_gym": entry})
+        if len(records) == num_prompts:
+            return records
+    raise ValueError(
+        f"data.init_args: reasoning-gym's {name!r} gave {len(records)} distinct {partition or ''} prompts in "
+        f"{draws} draws, fewer than the {num_prompts} asked for: ask for fewer prompts or widen its config "
+        "(data.init_args.task_kwargs)"
+    )
