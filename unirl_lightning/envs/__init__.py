@@ -40,6 +40,7 @@ from unirl_lightning.envs.calculator import (
 )
 from unirl_lightning.envs.coordinator import EpisodeCoordinator, EpisodeRequest, OnEnvError
 from unirl_lightning.envs.guessing import GuessingGameEnv, guessing_records, parse_guess
+from unirl_lightning.envs.skyrl import SkyRLGymEnv
 from unirl_lightning.envs.spec import EnvSpec, import_environment_class, resolve_environment
 
 __all__ = [
@@ -55,6 +56,7 @@ __all__ = [
     "GuessingGameEnv",
     "Observation",
     "OnEnvError",
+    "SkyRLGymEnv",
     "Split",
     "StepResult",
     "calculator_records",
