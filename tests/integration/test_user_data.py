@@ -111,3 +111,24 @@ def test_empty_prompts_and_rows_without_their_answer_are_dropped_and_counted(own
     kept = PromptDataModule(train="mine.jsonl", prompt_key="question", answer_key=None, batch_size=4)
     kept.setup()
     assert len(kept.train_records()) == 39  # answer_key=None: no answer is read, only the empty prompt goes
+
+
+def test_a_malformed_parquet_row_is_named_by_its_row_index(own_data, capsys):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    questions = [f"{i}+1?" for i in range(30)]
+    questions[12] = None
+    pq.write_table(
+        pa.table({"question": questions, "answer": [str(i) for i in range(30)]}), own_data / "mine.parquet"
+    )
+    args = [
+        "fit",
+        "--config",
+        RECIPE,
+        "--data.train=mine.parquet",
+        "--data.prompt_key=question",
+        "--data.val=mine.parquet",
+    ]
+    last = refused(args, capsys)
+    assert "mine.parquet, row 13 (of the table, from 1): its 'question' holds NoneType None" in last, last

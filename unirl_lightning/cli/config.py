@@ -296,6 +296,12 @@ def check_data_paths(config: Any) -> None:
                 f"data.init_args.{key}: prompt source {source!r} is not an existing file or folder (looked at "
                 f"{path.resolve()}), not 'hf:<id>' and not a built-in task ({', '.join(sorted(BUILTIN_TASKS))})"
             )
+        if path.suffix.lower() in (".parquet", ".arrow") and path.is_file():
+            bad_row = scan_table_prompts(path, str(args.get("prompt_key") or "prompt"))
+            if bad_row is not None:
+                raise ValueError(
+                    f"data.init_args.{key}: {path}, row {bad_row[0]} (of the table, from 1): {bad_row[1]}"
+                )
         if path.suffix.lower() == ".jsonl":
             rows, bad = scan_json_lines(path)
             if bad is not None:
@@ -325,6 +331,38 @@ def scan_json_lines(path: Path) -> tuple[int, tuple[int, str] | None]:
                 return rows, (number, f"a JSON {type(row).__name__}, not an object of columns")
             rows += 1
     return rows, None
+
+
+def scan_table_prompts(path: Path, prompt_key: str) -> tuple[int, str] | None:
+    """The first row of a parquet or arrow file whose prompt column holds neither text nor chat
+    messages, as ``(row number from 1, why)``; None when every row does. Reads that one column."""
+    import pyarrow.feather as feather
+    import pyarrow.parquet as parquet
+
+    try:
+        if path.suffix.lower() == ".parquet":
+            if prompt_key not in parquet.read_schema(path).names:
+                return None  # the data module names the missing column, with the columns there are
+            table = parquet.read_table(path, columns=[prompt_key])
+        else:
+            try:
+                table = feather.read_table(path)
+            except Exception:  # an Arrow IPC stream (datasets' .arrow files) rather than a file
+                import pyarrow as pa
+
+                with pa.memory_map(str(path)) as source:
+                    table = pa.ipc.open_stream(source).read_all()
+    except Exception as exc:
+        return 0, f"not readable as a table: {exc}"
+    if prompt_key not in table.column_names:
+        return None  # the data module names the missing column, with the columns there are
+    for number, value in enumerate(table.column(prompt_key).to_pylist(), start=1):
+        if not isinstance(value, (str, list)):
+            return (
+                number,
+                f"its {prompt_key!r} holds {type(value).__name__} {value!r:.80}, not text or chat messages",
+            )
+    return None
 
 
 def check_eval_prompts(config: Any, data_args: Namespace) -> None:
