@@ -58,7 +58,11 @@ def test_a_dataset_file_keeps_its_rows_under_the_cap(tmp_path):
     attach(data, tiny_module())
     data.setup("fit")
     assert [r["prompt"] for r in data.train_records()] == ["1+1=", "3="]
-    assert data.dropped_prompts == {"train": 1}
+    assert data.dropped_prompts == {
+        "empty/train": 0,
+        "no_answer/train": 0,
+        "train": 1,
+    }  # by reason; the cap under "train"
 
 
 def test_the_length_is_the_modules_rendering_with_its_chat_template():
