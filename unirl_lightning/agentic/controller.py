@@ -66,6 +66,7 @@ from typing import Any, Literal, Protocol
 
 from unirl_lightning.core.checks import require_at_least
 from unirl_lightning.rollout.controller import StampedGroup, VersionedBuffer
+from unirl_lightning.rollout.pool import VersionLedger
 
 __all__ = ["AgenticCoordinator", "AgenticRolloutController", "SiblingAssembler", "TailPolicy", "root_of"]
 
@@ -172,7 +173,7 @@ class SiblingAssembler:
         return sum(len(self._by_root.pop(root, ())) for root in set(roots))
 
 
-class AgenticRolloutController:
+class AgenticRolloutController(VersionLedger):
     """Drive an agentic coordinator; buffer complete sibling groups with completion-time stamps.
 
     Args:
@@ -196,6 +197,8 @@ class AgenticRolloutController:
         controller.quiesce()
         controller.sync_weights(weight_sync.push)
     """
+
+    _pushed_to = "the agentic coordinator"
 
     def __init__(
         self,
@@ -226,11 +229,6 @@ class AgenticRolloutController:
         self._carried = 0
         self._dropped = 0
         self._dropped_samples = 0
-
-    @property
-    def weight_version(self) -> int:
-        """The version of the weights the generators hold (bumped only by ``sync_weights``)."""
-        return self._weight_version
 
     @property
     def next_gen_id(self) -> int:
@@ -374,26 +372,13 @@ class AgenticRolloutController:
             else:
                 self._buffer.insert(item)
 
-    def require_idle(self) -> None:
-        """Raise ``RuntimeError`` while a drive is live: no trajectory may straddle two weight versions."""
-        if self._drive_live:
-            raise RuntimeError(
-                "sync_weights refused: a drive is live; quiesce() (or poll until finalize_if_drained() "
-                "returns True) first so that no trajectory straddles two weight versions"
-            )
-
-    def advance_version(self) -> int:
-        """Record that the generators now hold the next weights (after a successful push); returns it."""
-        self.require_idle()
-        self._weight_version += 1
-        logger.info("pushed weights to the agentic coordinator: weight_version=%d", self._weight_version)
-        return self._weight_version
-
-    def sync_weights(self, push: Callable[[int], Any]) -> int:
-        """:meth:`require_idle`, ``push(new_version)``, :meth:`advance_version` (used on its own)."""
-        self.require_idle()
-        push(self._weight_version + 1)
-        return self.advance_version()
+    def _busy(self) -> str | None:
+        if not self._drive_live:
+            return None
+        return (
+            "a drive is live; quiesce() (or poll until finalize_if_drained() returns True) first so that "
+            "no trajectory straddles two weight versions"
+        )
 
     def _ingest(self, samples: Iterable[Any]) -> int:
         samples = list(samples)

@@ -55,6 +55,7 @@ from unirl_lightning.rollout.pool import (
     InflightPool,
     StampedGroup,
     VersionedBuffer,
+    VersionLedger,
 )
 
 __all__ = [
@@ -73,7 +74,7 @@ def _one_group(gen_id: int, weight_version: int, result: Any) -> list[Any]:
     return [result]
 
 
-class BatchRolloutController:
+class BatchRolloutController(VersionLedger):
     """Async batch generation: launch jobs, reap them as they finish, hand out the freshest groups.
 
     Args:
@@ -115,11 +116,6 @@ class BatchRolloutController:
     def complete_with(self, complete: Complete) -> None:
         """Set the ``complete`` hook (the loop that drives this controller sets its own)."""
         self._complete = complete
-
-    @property
-    def weight_version(self) -> int:
-        """The version of the weights the generators hold (bumped only by ``sync_weights``)."""
-        return self._weight_version
 
     @property
     def next_gen_id(self) -> int:
@@ -239,30 +235,14 @@ class BatchRolloutController:
         """Return every group evicted as over-stale since the last call, once."""
         return self._buffer.pop_evicted()
 
-    def require_idle(self) -> None:
-        """Raise ``RuntimeError`` while any job is in flight: a generation must never straddle two
-        weight versions (call :meth:`quiesce` first). The check before every push."""
-        if self._pool:
-            gen_ids = self._pool.gen_ids()
-            raise RuntimeError(
-                f"sync_weights refused: {len(gen_ids)} generation(s) still in flight (gen_ids {gen_ids}); "
-                f"call quiesce() first so that no rollout straddles two weight versions"
-            )
-
-    def advance_version(self) -> int:
-        """Record that the generators now hold the next weights; returns the new version. Call it
-        after the push succeeded (a push that raised leaves the version where it was)."""
-        self.require_idle()
-        self._weight_version += 1
-        logger.info("pushed weights to the generators: weight_version=%d", self._weight_version)
-        return self._weight_version
-
-    def sync_weights(self, push: Callable[[int], Any]) -> int:
-        """:meth:`require_idle`, ``push(new_version)``, :meth:`advance_version`: the sync for a
-        controller used on its own (the runtime spells the three steps out)."""
-        self.require_idle()
-        push(self._weight_version + 1)
-        return self.advance_version()
+    def _busy(self) -> str | None:
+        if not self._pool:
+            return None
+        gen_ids = self._pool.gen_ids()
+        return (
+            f"{len(gen_ids)} generation(s) still in flight (gen_ids {gen_ids}); "
+            f"call quiesce() first so that no rollout straddles two weight versions"
+        )
 
 
 def launch_ceiling(rollout_id: int, sync_interval: int, max_staleness: int, num_rollouts: int) -> int:

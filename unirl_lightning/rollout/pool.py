@@ -1,5 +1,6 @@
-"""The controller's two stores: the in-flight pool (launched jobs, reaped complete-or-nothing) and the
-versioned buffer (stamped groups awaiting training, evicted by version). Mechanism only, standard
+"""The controllers' parts: the in-flight pool (launched jobs, reaped complete-or-nothing), the versioned
+buffer (stamped groups awaiting training, evicted by version) and the version ledger (the sync's idle
+check and version bump, shared by the batch and the agentic controller). Mechanism only, standard
 library only; :class:`~unirl_lightning.rollout.controller.BatchRolloutController` composes them and
 documents the guarantees."""
 
@@ -14,7 +15,7 @@ from typing import Any, Protocol
 
 from unirl_lightning.core.checks import require_at_least
 
-__all__ = ["Complete", "GenerationHandle", "InflightPool", "StampedGroup", "VersionedBuffer"]
+__all__ = ["Complete", "GenerationHandle", "InflightPool", "StampedGroup", "VersionLedger", "VersionedBuffer"]
 
 logger = logging.getLogger(__name__)
 
@@ -268,3 +269,43 @@ class InflightPool:
         if first_error is not None:
             raise first_error
         return inserted
+
+
+class VersionLedger:
+    """The weight version the generators hold, and the sync's two steps on it: :meth:`require_idle`
+    (nothing may straddle two versions) and :meth:`advance_version` (after a push returned). A
+    controller sets ``_weight_version`` and implements :meth:`_busy`."""
+
+    _weight_version: int
+    _pushed_to = "the generators"  # named in the log line of each push
+
+    @property
+    def weight_version(self) -> int:
+        """The version of the weights the generators hold (bumped only by :meth:`advance_version`)."""
+        return self._weight_version
+
+    def _busy(self) -> str | None:  # pragma: no cover - abstract
+        """Why a push must wait now (the rest of the refusal's message), or None when idle."""
+        raise NotImplementedError
+
+    def require_idle(self) -> None:
+        """Raise ``RuntimeError`` while work is in flight: a generation must never straddle two weight
+        versions (quiesce first). The check before every push."""
+        why = self._busy()
+        if why is not None:
+            raise RuntimeError(f"sync_weights refused: {why}")
+
+    def advance_version(self) -> int:
+        """Record that the generators now hold the next weights; returns the new version. Call it after
+        the push succeeded (a push that raised leaves the version where it was)."""
+        self.require_idle()
+        self._weight_version += 1
+        logger.info("pushed weights to %s: weight_version=%d", self._pushed_to, self._weight_version)
+        return self._weight_version
+
+    def sync_weights(self, push: Callable[[int], Any]) -> int:
+        """:meth:`require_idle`, ``push(new_version)``, :meth:`advance_version`: the sync for a
+        controller used on its own (the runtime spells the three steps out)."""
+        self.require_idle()
+        push(self._weight_version + 1)
+        return self.advance_version()
