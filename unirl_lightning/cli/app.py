@@ -64,10 +64,11 @@ from unirl_lightning.cli.config import (  # noqa: E402
     check_rollout_combinations,
     checkpoint_hyperparameters,
     checkpoint_overrides,
+    drop_disabled_checkpoints,
     resolve_last_checkpoint,
 )
 from unirl_lightning.cli.errors import RLArgumentParser, config_error  # noqa: E402
-from unirl_lightning.cli.flags import drop_disabled_checkpoints, refuse_cli_optimizers, refuse_trainer_flags  # noqa: E402
+from unirl_lightning.cli.flags import refuse_cli_optimizers, refuse_trainer_flags  # noqa: E402
 from unirl_lightning.cli.plan import bundled_model_config, format_plan, plain_data  # noqa: E402
 from unirl_lightning.cli.recipes import header_cluster  # noqa: E402
 from unirl_lightning.modules.base import RLModule  # noqa: E402

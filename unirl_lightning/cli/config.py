@@ -392,6 +392,28 @@ def check_eval_prompts(config: Any, data_args: Namespace) -> None:
             )
 
 
+def drop_disabled_checkpoints(config: Any) -> None:
+    """``trainer.enable_checkpointing: false`` on a recipe that lists a ``ModelCheckpoint`` (or a subclass):
+    leave the checkpoint callbacks out (one warning naming them) instead of Lightning's refusal of the pair."""
+    trainer = config.get("trainer") if hasattr(config, "get") else None
+    if trainer is None or trainer.get("enable_checkpointing") is not False:
+        return
+    callbacks = list(trainer.get("callbacks") or [])
+    dropped = [
+        index
+        for index, callback in enumerate(callbacks)
+        if hasattr(callback, "get")
+        and callback.get("class_path")
+        and issubclass(_import_class(callback.get("class_path")), ModelCheckpoint)
+    ]
+    if dropped:
+        log.warning(
+            "trainer.enable_checkpointing=false: the recipe's ModelCheckpoint (trainer.callbacks.%s) is left out",
+            ", ".join(map(str, dropped)),
+        )
+        trainer["callbacks"] = [c for index, c in enumerate(callbacks) if index not in dropped]
+
+
 def add_rl_progress_bar(config: Any) -> None:
     """Give the trainer the RL progress bar (RL steps, no ``v_num``) in place of Lightning's default,
     unless the bar is off or the config names a progress bar of its own."""

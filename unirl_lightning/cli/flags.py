@@ -1,21 +1,17 @@
 """Lightning's Trainer flags and callbacks against the RL modules: those they cannot honour are refused at
-parse time naming the key and this library's equivalent (exit 2), and a recipe's checkpoint callback is
-left out when ``enable_checkpointing`` is false. ``docs/lightning.md`` has the whole conformance table."""
+parse time naming the key and this library's equivalent (exit 2). ``docs/lightning.md`` has the whole
+conformance table."""
 
 from __future__ import annotations
 
-import logging
 from typing import Any
 
 __all__ = [
     "REFUSED_CALLBACKS",
     "REFUSED_FLAGS",
-    "drop_disabled_checkpoints",
     "refuse_cli_optimizers",
     "refuse_trainer_flags",
 ]
-
-log = logging.getLogger(__name__)
 
 EVAL_CADENCE = "trainer.callbacks: RolloutEvalCallback(every_n_steps=N) (RL steps between evaluations)"
 
@@ -94,24 +90,3 @@ def refuse_cli_optimizers(config: Any) -> None:
             "--lr_scheduler is not used by the RL modules: set model.init_args.lr_schedule (one of "
             "'constant', 'linear', 'cosine') and model.init_args.warmup_steps (RL steps)"
         )
-
-
-def drop_disabled_checkpoints(config: Any) -> None:
-    """``trainer.enable_checkpointing: false`` on a recipe that lists a ``ModelCheckpoint``: leave the
-    checkpoint callbacks out (one warning naming them) instead of Lightning's refusal of the pair."""
-    trainer = config.get("trainer") if hasattr(config, "get") else None
-    if trainer is None or trainer.get("enable_checkpointing") is not False:
-        return
-    callbacks = list(trainer.get("callbacks") or [])
-    kept = [
-        c
-        for c in callbacks
-        if not str(getattr(c, "get", lambda *_: "")("class_path") or "").endswith("ModelCheckpoint")
-    ]
-    if len(kept) != len(callbacks):
-        dropped = [i for i, c in enumerate(callbacks) if c not in kept]
-        log.warning(
-            "trainer.enable_checkpointing=false: the recipe's ModelCheckpoint (trainer.callbacks.%s) is left out",
-            ", ".join(map(str, dropped)),
-        )
-        trainer["callbacks"] = kept

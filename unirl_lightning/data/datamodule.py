@@ -308,11 +308,8 @@ class PromptDataModule(LightningDataModule):
                 counts["no_answer"] += 1
             else:
                 keep.append(index)
-        trainer = getattr(self, "trainer", None)
         for reason, count in counts.items():
-            self.dropped_prompts[f"{reason}/{split}"] = count
-            for logger in trainer.loggers if trainer is not None else []:
-                logger.log_metrics({f"data/dropped_prompts/{reason}/{split}": float(count)}, step=0)
+            self._count_dropped(f"{reason}/{split}", count)
         if len(keep) == len(records):
             return records
         log.warning(
@@ -326,9 +323,7 @@ class PromptDataModule(LightningDataModule):
             counts["no_answer"],
             f"answer_key={records.answer_key!r}; answer_key=None reads no answer",
         )
-        return PromptRecords(
-            records.rows.select(keep), records.prompt_key, records.answer_key, records.source
-        )
+        return _subset(records, keep)
 
     def _drop_overlong(self, records: list[dict] | PromptRecords, split: str) -> list[dict] | PromptRecords:
         """``records`` without those whose prompt is longer than ``max_prompt_length`` tokens (counted
@@ -345,7 +340,7 @@ class PromptDataModule(LightningDataModule):
             )
         keep = [i for i in range(len(records)) if length(records[i]) <= self.max_prompt_length]
         dropped = len(records) - len(keep)
-        self.dropped_prompts[split] = dropped
+        self._count_dropped(split, dropped)
         if dropped:
             log.warning(
                 "PromptDataModule: dropped %d of %d %s prompts longer than max_prompt_length=%d tokens",
@@ -354,13 +349,15 @@ class PromptDataModule(LightningDataModule):
                 split,
                 self.max_prompt_length,
             )
-        for logger in trainer.loggers:
-            logger.log_metrics({f"data/dropped_prompts/{split}": float(dropped)}, step=0)
-        if isinstance(records, list):
-            return [records[i] for i in keep]
-        return PromptRecords(
-            records.rows.select(keep), records.prompt_key, records.answer_key, records.source
-        )
+        return _subset(records, keep)
+
+    def _count_dropped(self, key: str, count: int) -> None:
+        """``count`` prompts dropped for ``key`` (``"<split>"`` or ``"<reason>/<split>"``): kept in
+        ``dropped_prompts`` and written to the trainer's loggers as ``data/dropped_prompts/<key>``."""
+        self.dropped_prompts[key] = count
+        trainer = getattr(self, "trainer", None)
+        for logger in trainer.loggers if trainer is not None else []:
+            logger.log_metrics({f"data/dropped_prompts/{key}": float(count)}, step=0)
 
     def train_records(self) -> list[dict] | PromptRecords:
         """All training records (loads them on first call): sized and indexable."""
@@ -377,3 +374,10 @@ class PromptDataModule(LightningDataModule):
         world = trainer.world_size if trainer is not None else 1
         rank = trainer.global_rank if trainer is not None else 0
         return train_loader(self.train_records(), self.batch_size, self.shuffle, self.seed, world, rank)
+
+
+def _subset(records: list[dict] | PromptRecords, keep: list[int]) -> list[dict] | PromptRecords:
+    """The records at the indices ``keep``, in the same form (a list, or a dataset kept memory-mapped)."""
+    if isinstance(records, list):
+        return [records[i] for i in keep]
+    return PromptRecords(records.rows.select(keep), records.prompt_key, records.answer_key, records.source)
