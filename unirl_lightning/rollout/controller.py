@@ -64,6 +64,7 @@ __all__ = [
     "GenerationHandle",
     "StampedGroup",
     "VersionedBuffer",
+    "admit_groups",
     "launch_ceiling",
 ]
 
@@ -266,3 +267,54 @@ def launch_ceiling(rollout_id: int, sync_interval: int, max_staleness: int, num_
     require_at_least("max_staleness", max_staleness, 0)
     require_at_least("num_rollouts", num_rollouts, 0)
     return min(num_rollouts, (rollout_id // sync_interval + max_staleness + 1) * sync_interval)
+
+
+def admit_groups(
+    *,
+    trained_steps: int,
+    sync_interval: int,
+    max_staleness: int,
+    groups_per_step: int,
+    launched: int,
+    inflight: int,
+    max_inflight: int,
+    num_groups: int | None = None,
+) -> int:
+    """How many more *groups* (one prompt's ``n`` samples each) may be launched now; never negative.
+
+    The group-granular form of :func:`launch_ceiling`, and the same rule as AReaL's staleness
+    manager (``min(max_concurrent - running, (max_staleness + version + 1) * batch - (accepted +
+    running))``).
+
+    Derivation. Number the groups that will be trained ``0, 1, 2, ...`` in launch order; group ``g``
+    is trained at step ``g // groups_per_step``, under weight version
+    ``(g // groups_per_step) // sync_interval``. A group launched now carries version
+    ``v = trained_steps // sync_interval`` and may be trained up to version ``v + max_staleness``,
+    so it may be launched only while ``g < (v + max_staleness + 1) * sync_interval *
+    groups_per_step``: the ceiling ``launch_ceiling(trained_steps, sync_interval, max_staleness, .)``
+    counted in groups. ``launched`` is every group launched so far that may still be trained (a
+    group filtered out or dropped does not count: its slot is given back, so a replacement is
+    simply the next admission). The window of groups in flight (``max_inflight``: what the engines
+    can batch) caps it too, and ``num_groups`` (None: unbounded) caps the total.
+
+    >>> admit_groups(trained_steps=0, sync_interval=1, max_staleness=1, groups_per_step=4,
+    ...              launched=0, inflight=0, max_inflight=64)
+    8
+    >>> admit_groups(trained_steps=0, sync_interval=1, max_staleness=0, groups_per_step=4,
+    ...              launched=4, inflight=4, max_inflight=64)
+    0
+
+    Raises ``ValueError`` for a negative count or a non-positive ``sync_interval``,
+    ``groups_per_step`` or ``max_inflight``, naming the argument.
+    """
+    require_at_least("trained_steps", trained_steps, 0)
+    require_at_least("sync_interval", sync_interval, 1)
+    require_at_least("max_staleness", max_staleness, 0)
+    require_at_least("groups_per_step", groups_per_step, 1)
+    require_at_least("launched", launched, 0)
+    require_at_least("inflight", inflight, 0)
+    require_at_least("max_inflight", max_inflight, 1)
+    ceiling = (trained_steps // sync_interval + max_staleness + 1) * sync_interval * groups_per_step
+    if num_groups is not None:
+        ceiling = min(ceiling, num_groups)
+    return max(0, min(max_inflight - inflight, ceiling - launched))
