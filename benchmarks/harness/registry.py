@@ -227,6 +227,13 @@ ENTRIES: list[Entry] = [
         + ("--max-new-tokens", "256", "--median-len", "64", "--prompt-len", "16")
         + ("--calibrate", "benchmarks/results/interrupt_long_tail.json"),
     ),
+    Entry(
+        "simulate_streaming",
+        "simulation",
+        "minutes",
+        "streaming async RL (continuous batching, syncs without draining): verl check, AReaL, ours",
+        smoke=("--parts", "ours", "--gpus", "8", "--steps", "1", "--warmup", "1", "--verl-steps", "1"),
+    ),
     # -- gpu ---------------------------------------------------------------------------------------
     Entry(
         "gpu_smoke",

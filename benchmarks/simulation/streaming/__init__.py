@@ -1,0 +1,298 @@
+"""Streaming engines on a discrete clock: the machinery of ``simulate_streaming.py``.
+
+Units are *groups* (one prompt x ``samples`` rows). A group goes whole to the least-loaded engine (one
+engine = ``tp`` GPUs); its rows take free slots (``max_rows`` rows, and a KV budget of ``kv_tokens``
+context tokens checked when a row starts) and, with continuous batching, a finished row's slot is
+refilled at once from the engine's queue (``per_call``: only when the engine's batch is empty, the
+per-call model of ``sim.py``). Every active row advances one token per decode step, which costs
+``a + b * rows + c * context_tokens`` seconds; a group's prompt costs ``prefill * prompt_len`` once.
+Between events (a row finishing, a group arriving, a pause) an engine's state evolves in closed form,
+so the cost of a run is proportional to the number of rows, not of tokens.
+
+A weight sync pauses every engine for the push; in-flight rows keep their tokens and continue under the
+new version (optionally re-encoding ``resume_prefill`` of their context). Every row records the weight
+version of each of its tokens (``segments``: ``[version, count]`` runs). :class:`GroupHandle` is the
+controller's ``GenerationHandle`` with the interrupt API of ``SuspendedJobs`` (``interrupt``,
+``resume``, ``oldest_token_version``), so the real ``BatchRolloutController`` suspends, resumes and
+drops groups across a sync. Standard library only.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+import random
+from collections import deque
+from typing import Any
+
+INF = float("inf")
+
+
+class Row:
+    __slots__ = ("group", "target", "tokens", "mark", "finish", "segments", "cancelled", "state")
+
+    def __init__(self, group: Group, target: int) -> None:
+        self.group, self.target = group, target
+        self.tokens = 0  # tokens generated up to engine step `mark`
+        self.mark = 0
+        self.finish = 0  # the engine step at which the row ends
+        self.segments: list[list[int]] = []
+        self.cancelled = False
+        self.state = 0  # 0 queued, 1 active, 2 finished
+
+    def close(self, step: int, version: int) -> None:
+        """Record the tokens generated since ``mark`` as made under ``version``."""
+        n = step - self.mark
+        if n > 0:
+            if self.segments and self.segments[-1][0] == version:
+                self.segments[-1][1] += n
+            else:
+                self.segments.append([version, n])
+            self.tokens += n
+        self.mark = step
+
+
+class Group:
+    def __init__(self, gen_id: int, targets: list[int], prompt_len: int) -> None:
+        self.gen_id, self.prompt_len = gen_id, prompt_len
+        self.rows = [Row(self, t) for t in targets]
+        self.remaining = len(targets)
+        self.engine: Engine | None = None
+        self.prefilled = False
+        self.done_at: float | None = None
+
+    def tokens(self) -> int:
+        """Prompt and completion tokens of the group (what the trainer processes)."""
+        return sum(self.prompt_len + r.target for r in self.rows)
+
+
+class Engine:
+    def __init__(self, world: World, index: int) -> None:
+        self.world, self.index = world, index
+        self.t = 0.0  # time of the last step boundary
+        self.step = 0  # decode steps run
+        self.rows = 0  # active rows
+        self.ctx = 0  # context tokens of the active rows
+        self.heap: list[tuple[int, int, Row]] = []  # (finish step, seq, row)
+        self.queue: deque[Row] = deque()
+        self.load = 0  # rows assigned and not finished (active + queued)
+        self.epoch = 0
+        self.row_seconds = 0.0  # integral of active rows over decode time
+
+    def cost(self, n: int) -> float:
+        w = self.world
+        return n * (w.a + w.b * self.rows + w.c * self.ctx) + w.c * self.rows * n * (n - 1) / 2
+
+    def steps_by(self, t: float) -> int:
+        """The most whole decode steps that end by ``t``."""
+        budget = t - self.t
+        if budget <= 0 or self.rows == 0:
+            return 0
+        w = self.world
+        q = w.c * self.rows / 2
+        lin = w.a + w.b * self.rows + w.c * self.ctx - q
+        n = budget / lin if q == 0 else (-lin + math.sqrt(lin * lin + 4 * q * budget)) / (2 * q)
+        n = int(n)
+        while n > 0 and self.cost(n) > budget:
+            n -= 1
+        return n
+
+    def advance(self, n: int) -> None:
+        if n > 0:
+            dt = self.cost(n)
+            self.row_seconds += self.rows * dt
+            self.t += dt
+            self.ctx += self.rows * n
+            self.step += n
+
+    def next_finish(self) -> int | None:
+        while self.heap and self.heap[0][2].cancelled:
+            heapq.heappop(self.heap)
+        return self.heap[0][0] if self.heap else None
+
+    def fill(self) -> None:
+        """Start queued rows in free slots (continuous batching: any time; per call: into an empty batch)."""
+        w = self.world
+        if w.per_call and self.rows:
+            return
+        while self.queue and self.rows < w.max_rows:
+            row = self.queue[0]
+            if row.cancelled:
+                self.queue.popleft()
+                continue
+            grow = row.group.prompt_len + row.tokens
+            if w.kv_tokens and self.rows and self.ctx + grow > w.kv_tokens:
+                break
+            self.queue.popleft()
+            group = row.group
+            if not group.prefilled:
+                group.prefilled = True
+                self.t += w.prefill * group.prompt_len
+            row.mark, row.state = self.step, 1
+            row.finish = self.step + row.target - row.tokens
+            self.rows += 1
+            self.ctx += grow
+            w.seq += 1
+            heapq.heappush(self.heap, (row.finish, w.seq, row))
+
+    def schedule(self) -> None:
+        self.epoch += 1
+        finish = self.next_finish()
+        if finish is not None:
+            heapq.heappush(
+                self.world.events, (self.t + self.cost(finish - self.step), self.index, self.epoch)
+            )
+
+    def catch_up(self, t: float) -> None:
+        """Run the whole steps that end by ``t`` (no row finishes before ``t``: the world ran those)."""
+        if self.rows == 0:
+            self.t = max(self.t, t)
+        else:
+            self.advance(self.steps_by(t))
+
+    def on_event(self) -> list[Group]:
+        finish = self.next_finish()
+        assert finish is not None
+        self.advance(finish - self.step)
+        done = []
+        while self.heap and (self.heap[0][2].cancelled or self.heap[0][0] == self.step):
+            _, _, row = heapq.heappop(self.heap)
+            if row.cancelled:
+                continue
+            row.close(self.step, self.world.version)
+            row.state = 2
+            self.rows -= 1
+            self.load -= 1
+            self.ctx -= row.group.prompt_len + row.tokens
+            group = row.group
+            group.remaining -= 1
+            if group.remaining == 0:
+                group.done_at = self.t
+                done.append(group)
+        self.fill()
+        self.schedule()
+        return done
+
+
+class World:
+    """The engines, the clock and the weight version."""
+
+    def __init__(self, cfg: Any, engines: int) -> None:
+        self.a, self.b, self.c, self.prefill = cfg.a, cfg.b, cfg.c, cfg.prefill
+        self.max_rows, self.kv_tokens, self.per_call = cfg.max_rows, cfg.kv_tokens, cfg.per_call
+        self.resume_prefill = cfg.resume_prefill
+        self.engines = [Engine(self, i) for i in range(engines)]
+        self.events: list[tuple[float, int, int]] = []
+        self.now, self.version, self.seq = 0.0, 0, 0
+        self.paused_s = 0.0
+        self.rng = random.Random(cfg.seed)
+        self.median, self.sigma, self.cap = cfg.median_len, cfg.sigma, cfg.max_new_tokens
+        self.prompt_len, self.samples = cfg.prompt_len, cfg.samples
+
+    def draw(self) -> int:
+        n = int(round(math.exp(math.log(self.median) + self.sigma * self.rng.gauss(0, 1))))
+        return max(1, min(self.cap, n))
+
+    def new_group(self, gen_id: int) -> Group:
+        return Group(gen_id, [self.draw() for _ in range(self.samples)], self.prompt_len)
+
+    def add(self, group: Group) -> None:
+        """Send ``group`` to the least-loaded engine, at ``now``."""
+        engine = min(self.engines, key=lambda e: e.load)
+        engine.catch_up(self.now)
+        group.engine = engine
+        engine.queue.extend(group.rows)
+        engine.load += len(group.rows)
+        engine.fill()
+        engine.schedule()
+
+    def cancel(self, group: Group) -> int:
+        """Drop ``group``'s rows from its engine (a dropped group); returns the tokens thrown away."""
+        engine = group.engine
+        assert engine is not None
+        engine.catch_up(self.now)
+        for row in group.rows:
+            if row.cancelled or row.state == 2:
+                continue
+            if row.state == 1:
+                row.close(engine.step, self.version)
+                engine.rows -= 1
+                engine.ctx -= row.group.prompt_len + row.tokens
+            row.cancelled = True
+            engine.load -= 1
+        engine.fill()
+        engine.schedule()
+        return sum(row.tokens for row in group.rows)
+
+    def advance(self, until: float = INF) -> list[Group]:
+        """Run events up to ``until``; stop after the first that completes groups (returned)."""
+        while self.events:
+            t, index, epoch = self.events[0]
+            if t > until:
+                break
+            heapq.heappop(self.events)
+            engine = self.engines[index]
+            if epoch != engine.epoch:
+                continue
+            self.now = max(self.now, t)
+            done = engine.on_event()
+            if done:
+                return done
+        if until < INF:
+            self.now = max(self.now, until)
+        return []
+
+    def run_until(self, group: Group) -> None:
+        while group.remaining:
+            if not self.events:
+                raise RuntimeError(f"group {group.gen_id} can never finish (no engine event left)")
+            self.advance()
+
+    def pause(self, seconds: float, new_version: int) -> None:
+        """A weight push at ``now``: every engine stops for ``seconds``; in-flight rows keep their tokens
+        and go on under ``new_version`` (re-encoding ``resume_prefill`` of their context)."""
+        for engine in self.engines:
+            engine.catch_up(self.now)
+            for _, _, row in engine.heap:
+                if not row.cancelled:
+                    row.close(engine.step, self.version)
+            stall = self.resume_prefill * self.prefill * engine.ctx if engine.rows else 0.0
+            engine.t = max(engine.t, self.now) + seconds + stall
+            engine.schedule()
+        self.version = new_version
+        self.now += seconds
+        self.paused_s += seconds
+
+    def row_seconds(self) -> float:
+        return sum(e.row_seconds for e in self.engines)
+
+
+class GroupHandle:
+    """``GenerationHandle`` of one group, with the interrupt API the controller's ``SuspendedJobs`` uses."""
+
+    def __init__(self, world: World, group: Group) -> None:
+        self.world, self.group = world, group
+
+    def ready(self) -> bool:
+        return self.group.remaining == 0
+
+    def wait(self) -> None:
+        self.world.run_until(self.group)
+
+    def result(self) -> Group:
+        self.wait()
+        return self.group
+
+    def interrupt(self) -> bool:
+        """The engines pause as a whole (``World.pause``): nothing to stop here; True when finished."""
+        return self.group.remaining == 0
+
+    def resume(self) -> None:
+        """The rows stayed on their engine: they go on under the new version by themselves."""
+
+    def oldest_token_version(self) -> int | None:
+        versions = [r.segments[0][0] for r in self.group.rows if r.segments and not r.cancelled]
+        return min(versions) if versions else None
+
+    def partial_samples(self) -> int:
+        return sum(1 for r in self.group.rows if r.tokens and r.tokens < r.target)
