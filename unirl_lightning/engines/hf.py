@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -91,8 +92,25 @@ class HFEngineConfig(TorchThreadsEngineConfig):
     num_threads: int | Literal["auto"] | None = "auto"
     max_batch_size: int = 256
     share_prompt_prefill: bool = True
+    batching: Literal["static", "continuous"] = "static"
+    concurrent_calls: int = 8
+
+    def __post_init__(self) -> None:
+        if self.batching not in ("static", "continuous"):
+            raise ValueError(f"HFEngineConfig batching={self.batching!r} is invalid; expected 'static' or 'continuous'")
+        if self.concurrent_calls < 1:
+            raise ValueError(f"HFEngineConfig concurrent_calls={self.concurrent_calls} must be at least 1")
+
+    @property
+    def max_concurrency(self) -> int:
+        """Calls one Ray worker runs at once (its actor's ``max_concurrency``)."""
+        return self.concurrent_calls if self.batching == "continuous" else 1
 
     def build(self, policy: PolicySpec, lora: LoraSpec | None = None) -> HFEngine:
+        if self.batching == "continuous":
+            from unirl_lightning.engines.hf_continuous import ContinuousHFEngine
+
+            return ContinuousHFEngine(self, policy, lora)
         return HFEngine(self, policy, lora)
 
 
@@ -116,6 +134,18 @@ class HFEngine(InPlaceBucketLoading):  # a streamed push is loaded bucket by buc
         self.max_positions = getattr(unwrapped(self.model).config, "max_position_embeddings", None)
         if isinstance(self.max_positions, int):
             self.max_model_len = self.max_positions
+        self._started = time.perf_counter()
+        self._row_seconds = 0.0  # active rows x seconds of every generate call (occupancy)
+
+    def occupancy(self) -> dict[str, float]:
+        """``{"row_seconds", "seconds", "slots"}``: active rows x seconds over every ``generate`` call
+        (a finished row waiting for the call's longest is not active), the engine's age, and its slots
+        (``max_batch_size``); :class:`~unirl_lightning.rollout.occupancy.OccupancyMeter` reads them."""
+        return {
+            "row_seconds": self._row_seconds,
+            "seconds": time.perf_counter() - self._started,
+            "slots": float(self.config.max_batch_size),
+        }
 
     # -- weights ---------------------------------------------------------------------------------
     def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], weight_version: int) -> None:
@@ -217,8 +247,10 @@ class HFEngine(InPlaceBucketLoading):  # a streamed push is loaded bucket by buc
             if shared is not None:
                 gen_kwargs.update(shared)
         scorer = StepScorer(temperature=1.0 if greedy else sampling.temperature)
+        started = time.perf_counter()
         with scorer.attached(unwrapped(self.model)):
             sequences = self.model.generate(input_ids=input_ids, attention_mask=attention_mask, **gen_kwargs)
+        seconds = time.perf_counter() - started
         new_tokens = sequences[:, width:]
         logps = scorer.logprobs(new_tokens)
         new_tokens, logps = new_tokens.tolist(), logps.cpu()
@@ -231,6 +263,9 @@ class HFEngine(InPlaceBucketLoading):  # a streamed push is loaded bucket by buc
                     completion.pop()
                 finish = "stop"
             samples.append((completion, logps[row, : len(completion)].tolist(), finish))
+        longest = max((len(c) for c, _, _ in samples), default=0)
+        if longest:  # every decode step costs about the same: a row is active for len/longest of the call
+            self._row_seconds += seconds * sum(len(c) for c, _, _ in samples) / longest
         return samples
 
     def _shared_prefill(

@@ -48,6 +48,7 @@ from collections.abc import Callable, Iterable
 from typing import Any, Literal
 
 from unirl_lightning.rollout.controller import BatchRolloutController, StampedGroup, launch_ceiling
+from unirl_lightning.rollout.occupancy import OccupancyMeter
 from unirl_lightning.rollout.records import GenerationResult
 from unirl_lightning.rollout.stream import PromptStream
 
@@ -230,6 +231,7 @@ class RolloutLoop:
         self.generate_s = 0.0  # generation time of the jobs reaped since the last batch
         self.score_s = 0.0  # reward time of the jobs reaped since the last batch
         self.groups_per_step: int | None = None
+        self.occupancy = OccupancyMeter()  # the engines' active rows / slots (rollout/engine_occupancy)
         # an optional span recorder (``unirl_lightning.core.timeline.Timeline``: ``span(name, start, end,
         # **args)``), set by the runtime; None records nothing
         self.timeline: Any = None
@@ -356,6 +358,7 @@ class RolloutLoop:
             groups = kept
         self.generate_s += result.generate_s
         self.score_s += result.score_s
+        self.occupancy.observe_spans(result.spans)
         if self.timeline is not None:
             for span in result.spans:
                 self.timeline.span(
@@ -383,6 +386,7 @@ class RolloutLoop:
                 **step_stats(rewards, self.evicted_groups, self.blocked_s, self.generate_s),
                 **reward_part_means([r for group in groups for r in group]),
                 "rollout/inflight": float(self.controller.inflight),
+                **self.occupancy.stats(),
                 **token_version_stats(groups, self.controller.weight_version, self.max_staleness),
                 **(
                     {

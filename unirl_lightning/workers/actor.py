@@ -70,6 +70,12 @@ def score_groups(reward: Any, groups: list[list[Any]], records: list[dict[str, A
         }
 
 
+def _occupancy(engine: Any) -> dict[str, Any]:
+    """``{"occupancy": engine.occupancy()}`` for an engine that counts its active-row-seconds, else ``{}``."""
+    counters = getattr(engine, "occupancy", None)
+    return {"occupancy": counters()} if callable(counters) else {}
+
+
 class RolloutWorker:
     """Runs one engine, built from ``engine_config`` for the module's ``policy`` and ``lora``, and
     scores its groups. Ray wraps this class as an actor."""
@@ -101,7 +107,7 @@ class RolloutWorker:
             groups,
             generate_s=generate_s,
             score_s=time.perf_counter() - start - generate_s,
-            span={"start": started_at, "end": time.time()},  # generation and scoring, worker clock
+            span={"start": started_at, "end": time.time(), **_occupancy(self.engine)},  # worker clock
         )
 
     def load_weights(self, named_tensors: Any, weight_version: int) -> int:

@@ -253,6 +253,7 @@ def _part_span(result: GenerationResult, part: CallPart) -> dict[str, Any]:
         "end": end,
         "samples": len(rollouts),
         "completion_tokens": tokens,
+        **({"occupancy": stamp["occupancy"]} if "occupancy" in stamp else {}),
     }
 
 

@@ -109,7 +109,9 @@ class RolloutWorkerGroup:
         ensure_ray()
         self._actor_cls = ray.remote(worker_cls)
         threads = getattr(engine_config, "num_threads", None)  # an engine's resolved torch threads
-        self._common = dict(runtime_env=worker_runtime_env(runtime_env, threads), max_concurrency=1)
+        # a continuously batching engine takes several calls at once (a threaded actor); others one
+        concurrency = int(getattr(engine_config, "max_concurrency", 1))
+        self._common = dict(runtime_env=worker_runtime_env(runtime_env, threads), max_concurrency=concurrency)
         self._placement: Any = None
         resources = dict(resources_per_worker or {})
         if num_gpus_per_worker > 0 or resources:  # a placement group per worker, ready or an error

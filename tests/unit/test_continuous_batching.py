@@ -1,0 +1,172 @@
+"""Continuous batching on the HF engine: rows join and leave one running batch, and what a row samples,
+and the log-probs it reports, are those of the same row generated alone."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+import torch
+
+from unirl_lightning.engines.batcher import BatchRow, ContinuousBatcher
+from unirl_lightning.engines.hf import HFEngine, HFEngineConfig
+from unirl_lightning.engines.hf_continuous import ContinuousHFEngine
+from unirl_lightning.models.causal_lm import TinyCausalLM
+from unirl_lightning.rollout.occupancy import OccupancyMeter
+from unirl_lightning.rollout.records import RolloutRequest, SamplingParams
+
+POLICY = TinyCausalLM(hidden_size=32, num_layers=2, num_heads=2, intermediate_size=64, max_position_embeddings=96)
+TEXTS = ["3+4=", "12+7=", "1=", "99+1=", "5+5+5=", "7"]
+
+
+@pytest.fixture(scope="module")
+def built():
+    model, tok = POLICY.build()
+    return model.eval(), tok
+
+
+def batcher(built, max_rows: int) -> ContinuousBatcher:
+    model, tok = built
+    return ContinuousBatcher(
+        model, torch.device("cpu"), stop_ids=[tok.eos_token_id], pad_id=tok.pad_token_id, max_rows=max_rows,
+        max_positions=96, tokenizer=tok,
+    )
+
+
+def run(b: ContinuousBatcher, rows: list[BatchRow]) -> int:
+    for row in rows:
+        b.add(row)
+    steps = 0
+    while b.pending:
+        b.step()
+        steps += 1
+    return steps
+
+
+def test_greedy_rows_joining_at_different_times_match_generate_alone(built):
+    model, tok = built
+    prompts = [tok(t)["input_ids"] for t in TEXTS]
+    sampling = SamplingParams(temperature=0.0, max_new_tokens=12)
+    rows = [BatchRow(p, sampling) for p in prompts]
+    run(batcher(built, max_rows=2), rows)  # 2 slots: rows join as others leave, at other widths
+    for prompt, row in zip(prompts, rows):
+        ids = torch.tensor([prompt])
+        with torch.no_grad():
+            out = model.generate(
+                input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=12, do_sample=False,
+                pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id,
+            )
+        alone = out[0, len(prompt):].tolist()
+        assert row.tokens == alone[: len(row.tokens)]
+        assert row.finish_reason == ("stop" if row.tokens[-1] == tok.eos_token_id else "length")
+        assert row.finish_reason == "stop" or len(row.tokens) == 12
+
+
+@pytest.mark.parametrize("sampling", [SamplingParams(temperature=0.7, top_p=0.9, max_new_tokens=16),
+                                      SamplingParams(temperature=1.0, top_k=3, max_new_tokens=16)],
+                         ids=["t0.7-top_p0.9", "t1-top_k3"])
+def test_logprobs_are_those_of_the_raw_logits_at_the_temperature(built, sampling):
+    model, tok = built
+    prompts = [tok(t)["input_ids"] for t in TEXTS]
+    rows = [BatchRow(p, sampling, seed=i) for i, p in enumerate(prompts)]
+    run(batcher(built, max_rows=3), rows)
+    worst = 0.0
+    for prompt, row in zip(prompts, rows):
+        with torch.no_grad():
+            logits = model(torch.tensor([prompt + row.tokens])).logits[0].float()
+        logp = torch.log_softmax(logits / sampling.temperature, dim=-1)
+        expected = [logp[len(prompt) - 1 + i, t].item() for i, t in enumerate(row.tokens)]
+        worst = max(worst, max(abs(a - b) for a, b in zip(expected, row.logprobs)))
+        if sampling.top_k == 3:  # the sample comes from the processed distribution: a top-3 token
+            for i, t in enumerate(row.tokens):
+                assert t in logits[len(prompt) - 1 + i].topk(3).indices.tolist()
+    assert worst < 1e-4
+
+
+def test_a_seeded_row_samples_the_same_whatever_shares_its_batch(built):
+    model, tok = built
+    prompts = [tok(t)["input_ids"] for t in TEXTS]
+    sampling = SamplingParams(temperature=1.0, max_new_tokens=20)
+    first = [BatchRow(p, sampling, seed=10 + i) for i, p in enumerate(prompts)]
+    second = [BatchRow(p, sampling, seed=10 + i) for i, p in enumerate(prompts)]
+    run(batcher(built, max_rows=2), first)
+    run(batcher(built, max_rows=6), list(reversed(second)))
+    assert [r.tokens for r in first] == [r.tokens for r in second]
+    assert len({tuple(r.tokens) for r in first}) > 1, "different seeds sample differently"
+
+
+def test_slots_stay_full_while_rows_wait_and_abort_keeps_the_tokens(built):
+    model, tok = built
+    sampling = SamplingParams(temperature=1.0, max_new_tokens=30)
+    b = batcher(built, max_rows=3)
+    rows = [BatchRow(tok("3+4=")["input_ids"], sampling, seed=i) for i in range(12)]
+    for row in rows:
+        b.add(row)
+    full_steps = 0
+    for _ in range(4):
+        b.step()
+        full_steps += len(b.active) == 3 or not b.waiting
+    assert full_steps == 4, "a freed slot is refilled at the same step"
+    ended = []
+    for row in rows:
+        row.on_finish = ended.append
+    aborted = b.abort(lambda row: True)
+    assert aborted == b.pending + aborted and b.pending == 0
+    assert {r.finish_reason for r in ended} == {"aborted"}
+    assert all(len(r.tokens) == len(r.logprobs) == len(r.versions) for r in rows)
+
+
+def test_continuous_engine_serves_concurrent_requests_and_a_load_lands_between_steps():
+    config = HFEngineConfig(device="cpu", num_threads=None, batching="continuous", max_batch_size=8)
+    engine = config.build(POLICY)
+    assert isinstance(engine, ContinuousHFEngine) and config.max_concurrency == 8
+    static = HFEngineConfig(device="cpu", num_threads=None)
+    assert static.max_concurrency == 1 and type(static.build(POLICY)) is HFEngine
+    sampling = SamplingParams(temperature=1.0, max_new_tokens=40)
+    requests = [
+        RolloutRequest(records=[{"prompt": "3+4=", "answer": "7"}, {"prompt": "1+1=", "answer": "2"}], n=4,
+                       sampling=sampling, seed=i, gen_id=i)
+        for i in range(3)
+    ]
+    out: dict[int, list] = {}
+    threads = [threading.Thread(target=lambda i=i: out.__setitem__(i, engine.generate(requests[i]))) for i in range(3)]
+    for t in threads:
+        t.start()
+    named = [(n, p.clone() * 0.5) for n, p in engine.model.named_parameters()]
+    engine.load_weights(named, weight_version=1)  # while they generate: between two decode steps
+    for t in threads:
+        t.join(timeout=60)
+    assert sorted(out) == [0, 1, 2]
+    for groups in out.values():
+        assert [len(g) for g in groups] == [4, 4]
+        for rollout in (r for g in groups for r in g):
+            versions = rollout.versions()
+            assert len(versions) == len(rollout.completion_ids) and versions == sorted(versions)
+            assert set(versions) <= {0, 1}
+    counters = engine.occupancy()
+    assert counters["slots"] == 8 and 0 < counters["row_seconds"] <= 8 * counters["seconds"]
+    engine.close()
+    with pytest.raises(RuntimeError, match="closed"):
+        engine.generate(requests[0])
+
+
+def test_bad_config_names_the_key():
+    with pytest.raises(ValueError, match="batching='dynamic' is invalid; expected 'static' or 'continuous'"):
+        HFEngineConfig(batching="dynamic")
+    with pytest.raises(ValueError, match="concurrent_calls=0 must be at least 1"):
+        HFEngineConfig(concurrent_calls=0)
+
+
+def test_occupancy_counts_the_tail_of_a_static_call_as_empty_slots():
+    engine = HFEngine(HFEngineConfig(device="cpu", num_threads=None, max_batch_size=16), POLICY, None)
+    meter = OccupancyMeter()
+    first = engine.occupancy()
+    meter.observe_spans([{"worker": 0, "occupancy": first}])
+    request = RolloutRequest(records=[{"prompt": "3+4=", "answer": "7"}], n=16,
+                             sampling=SamplingParams(temperature=1.0, max_new_tokens=40), seed=0, gen_id=0)
+    groups = engine.generate(request)
+    meter.observe_spans([{"worker": 0, "occupancy": engine.occupancy()}])
+    lengths = [len(r.completion_ids) for r in groups[0]]
+    ratio = meter.stats()["rollout/engine_occupancy"]
+    assert 0 < ratio <= sum(lengths) / (16 * max(lengths)) + 1e-9
+    assert meter.stats() == {}, "a new window starts empty"

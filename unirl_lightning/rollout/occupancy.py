@@ -1,0 +1,54 @@
+"""Engine occupancy: time-averaged active rows over slots, from the counters each engine reports with
+its results (``span["occupancy"]``: ``row_seconds`` = active rows x seconds summed over its decode
+steps, ``seconds`` = its age, ``slots``). Standard library only.
+
+Over a window, a worker's occupancy is ``delta(row_seconds) / (slots * delta(seconds))``: idle time
+counts as empty slots, and so does the tail of a static ``generate`` call whose finished rows wait
+for its longest one. ``rollout/engine_occupancy`` is the ratio of the sums over every worker seen.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+__all__ = ["OccupancyMeter"]
+
+
+class OccupancyMeter:
+    """Accumulates the engines' occupancy between two :meth:`stats` calls.
+
+    >>> meter = OccupancyMeter()
+    >>> meter.observe_spans([{"worker": 0, "occupancy": {"row_seconds": 0.0, "seconds": 0.0, "slots": 4.0}}])
+    >>> meter.observe_spans([{"worker": 0, "occupancy": {"row_seconds": 6.0, "seconds": 2.0, "slots": 4.0}}])
+    >>> meter.stats()
+    {'rollout/engine_occupancy': 0.75}
+    """
+
+    def __init__(self) -> None:
+        self._last: dict[Any, tuple[float, float]] = {}
+        self._rows = 0.0
+        self._capacity = 0.0
+
+    def observe_spans(self, spans: Iterable[dict[str, Any]]) -> None:
+        """Take the counters of every span that carries them (a worker's first report only sets its
+        starting point)."""
+        for span in spans:
+            counters = span.get("occupancy")
+            if counters is None:
+                continue
+            now = (float(counters["row_seconds"]), float(counters["seconds"]))
+            before = self._last.get(span["worker"])
+            if before is not None and now[1] > before[1] and now[0] >= before[0]:
+                self._rows += now[0] - before[0]
+                self._capacity += float(counters["slots"]) * (now[1] - before[1])
+            self._last[span["worker"]] = now  # a replaced worker starts again from its first report
+
+    def stats(self) -> dict[str, float]:
+        """``{"rollout/engine_occupancy": ratio}`` over the window since the last call (``{}`` when no
+        window was measured), then a new window."""
+        if self._capacity <= 0:
+            return {}
+        ratio = self._rows / self._capacity
+        self._rows = self._capacity = 0.0
+        return {"rollout/engine_occupancy": ratio}
