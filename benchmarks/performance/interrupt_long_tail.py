@@ -30,12 +30,16 @@ from lightning.pytorch import Callback, Trainer, seed_everything
 from benchmarks.harness import common
 from unirl_lightning import AsyncRolloutStrategy, GRPOModule, PromptDataModule, TinyCausalLM
 from unirl_lightning.callbacks import RolloutEvalCallback, WeightSyncCallback
+from unirl_lightning.engines.hf import HFEngineConfig
 from unirl_lightning.rewards import ExactMatchReward
 
 MODES = {
     "sync": dict(max_staleness=0, max_inflight=1),
     "async_quiesce": dict(max_staleness=1, max_inflight=2),
     "async_interrupt": dict(max_staleness=1, max_inflight=2, sync_mode="interrupt"),
+    # the same, on the continuously batching HF engine (rows of the next request fill freed slots)
+    "sync_continuous": dict(max_staleness=0, max_inflight=1, batching="continuous"),
+    "async_continuous": dict(max_staleness=1, max_inflight=2, batching="continuous"),
 }
 
 
@@ -70,7 +74,11 @@ class Meter(Callback):
 def run_mode(mode: str, config: dict[str, Any]) -> dict[str, Any]:
     seed_everything(0)
     meter = Meter(config["warmup"])
-    strategy = AsyncRolloutStrategy(**MODES[mode], interrupt_chunk_tokens=config["chunk"])
+    options = dict(MODES[mode])
+    engine = HFEngineConfig(
+        batching=options.pop("batching", "static"), max_batch_size=config["batch"] * config["group"]
+    )
+    strategy = AsyncRolloutStrategy(**options, engine=engine, interrupt_chunk_tokens=config["chunk"])
     module = GRPOModule(
         policy=TinyCausalLM(
             hidden_size=config["hidden"],
@@ -116,6 +124,7 @@ def run_mode(mode: str, config: dict[str, Any]) -> dict[str, Any]:
         "generate_s": mean("perf/generate_time_s"),
         "train_s": mean("perf/train_time_s"),
         "wait_s": mean("perf/wait_time_s"),
+        "engine_occupancy": mean("rollout/engine_occupancy"),
         "token_staleness": staleness,
         "interrupted_samples_per_step": mean("rollout/interrupted_samples"),
         "interrupted_jobs": interrupted,
@@ -127,8 +136,65 @@ def run_mode(mode: str, config: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def generation_throughput(config: dict[str, Any], requests: int = 4) -> dict[str, float]:
+    """Generation alone, in this process, one torch thread: ``requests`` requests of the workload
+    (``batch`` prompts x ``group`` samples at temperature 1), one after another on the static engine
+    (as a one-call-at-a-time worker serves them) and all at once on the continuous one; completion
+    tokens per wall second, interleaved over ``rounds`` (medians)."""
+    import threading
+
+    from unirl_lightning.rollout.records import RolloutRequest, SamplingParams
+
+    policy = TinyCausalLM(
+        hidden_size=config["hidden"],
+        num_layers=config["layers"],
+        num_heads=4,
+        intermediate_size=2 * config["hidden"],
+        max_position_embeddings=128,
+    )
+    sampling = SamplingParams(temperature=1.0, max_new_tokens=config["max_new_tokens"])
+    records = [{"prompt": f"{i % 10}", "answer": "0"} for i in range(config["batch"])]
+    seen: dict[str, list[float]] = {"static": [], "continuous": []}
+    for round_ in range(config["rounds"]):
+        for batching in ("static", "continuous") if round_ % 2 == 0 else ("continuous", "static"):
+            engine = HFEngineConfig(
+                device="cpu",
+                num_threads=1,
+                batching=batching,
+                max_batch_size=config["batch"] * config["group"],
+            ).build(policy)
+            batch = [
+                RolloutRequest(
+                    records=records, n=config["group"], sampling=sampling, seed=100 * round_ + i, gen_id=i
+                )
+                for i in range(requests)
+            ]
+            out: list[Any] = []
+            start = time.perf_counter()
+            if batching == "static":
+                out = [engine.generate(r) for r in batch]
+            else:
+                threads = [
+                    threading.Thread(
+                        target=lambda r=r, out=out, engine=engine: out.append(engine.generate(r))
+                    )
+                    for r in batch
+                ]
+                for t in threads:
+                    t.start()
+                for t in threads:
+                    t.join()
+            seconds = time.perf_counter() - start
+            engine.close()
+            tokens = sum(len(x.completion_ids) for groups in out for g in groups for x in g)
+            seen[batching].append(tokens / seconds)
+    return {k: statistics.median(v) for k, v in seen.items()}
+
+
 def run(config: dict[str, Any]) -> dict[str, Any]:
     torch.set_num_threads(1)
+    generation = generation_throughput(config)
+    print(f"generation tokens/s: {generation}", flush=True)
     runs: list[dict[str, Any]] = []
     modes = [mode for mode in MODES if mode in config["modes"]]
     for round_ in range(config["rounds"]):
@@ -155,6 +221,7 @@ def run(config: dict[str, Any]) -> dict[str, Any]:
                 "generate_s",
                 "train_s",
                 "wait_s",
+                "engine_occupancy",
                 "eval_accuracy",
             )
         }
@@ -169,9 +236,13 @@ def run(config: dict[str, Any]) -> dict[str, Any]:
         return round(medians[mode]["tokens_per_s"] / medians[base]["tokens_per_s"], 3)
 
     summary = {
+        "generation_tokens_per_s": generation,
+        "continuous_generation_over_static": round(generation["continuous"] / generation["static"], 3),
         "async_quiesce_over_sync": over("async_quiesce", "sync"),
         "async_interrupt_over_sync": over("async_interrupt", "sync"),
         "interrupt_over_quiesce": over("async_interrupt", "async_quiesce"),
+        "async_continuous_over_async_quiesce": over("async_continuous", "async_quiesce"),
+        "async_continuous_over_sync_continuous": over("async_continuous", "sync_continuous"),
         "medians": medians,
         "config": config | {"out": None},
     }
@@ -195,11 +266,13 @@ def main() -> None:
     )
     config = common.parse_config(parser)
     record = run(config)
-    print(f"{'mode':<16} {'tok/s':>8} {'quiesce s':>10} {'push s':>7} {'stale-1 tokens':>15} {'eval acc':>9}")
+    print(
+        f"{'mode':<16} {'tok/s':>8} {'occupancy':>9} {'quiesce s':>10} {'push s':>7} {'stale-1':>8} {'eval':>6}"
+    )
     for mode, r in record["summary"]["medians"].items():
         print(
-            f"{mode:<16} {r['tokens_per_s']:>8.1f} {r['quiesce_s']:>10.3f} {r['push_s']:>7.3f} "
-            f"{r['token_staleness_1']:>15.3f} {r['eval_accuracy']:>9.3f}"
+            f"{mode:<16} {r['tokens_per_s']:>8.1f} {r['engine_occupancy']:>9.3f} {r['quiesce_s']:>10.3f} "
+            f"{r['push_s']:>7.3f} {r['token_staleness_1']:>8.3f} {r['eval_accuracy']:>6.3f}"
         )
     common.finish(
         record, config["out"], {k: v for k, v in record["summary"].items() if k != "medians"}, config=config

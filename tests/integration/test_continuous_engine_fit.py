@@ -20,6 +20,10 @@ def test_async_fit_on_a_continuously_batching_worker(tmp_path):
     assert trainer.global_step == 5
     for step in recorder.steps:
         assert all(0 <= step["version"] - v <= 1 for v in step["row_versions"]), step
-    occupancy = [s["metrics"]["rollout/engine_occupancy"] for s in recorder.steps if "rollout/engine_occupancy" in s["metrics"]]
+    occupancy = [
+        s["metrics"]["rollout/engine_occupancy"]
+        for s in recorder.steps
+        if "rollout/engine_occupancy" in s["metrics"]
+    ]
     # time-averaged over the wall clock: this tiny workload leaves the engine idle most of the time
     assert occupancy and all(0 <= x <= 1 for x in occupancy) and max(occupancy) > 0, occupancy

@@ -15,7 +15,9 @@ from unirl_lightning.models.causal_lm import TinyCausalLM
 from unirl_lightning.rollout.occupancy import OccupancyMeter
 from unirl_lightning.rollout.records import RolloutRequest, SamplingParams
 
-POLICY = TinyCausalLM(hidden_size=32, num_layers=2, num_heads=2, intermediate_size=64, max_position_embeddings=96)
+POLICY = TinyCausalLM(
+    hidden_size=32, num_layers=2, num_heads=2, intermediate_size=64, max_position_embeddings=96
+)
 TEXTS = ["3+4=", "12+7=", "1=", "99+1=", "5+5+5=", "7"]
 
 
@@ -28,8 +30,13 @@ def built():
 def batcher(built, max_rows: int) -> ContinuousBatcher:
     model, tok = built
     return ContinuousBatcher(
-        model, torch.device("cpu"), stop_ids=[tok.eos_token_id], pad_id=tok.pad_token_id, max_rows=max_rows,
-        max_positions=96, tokenizer=tok,
+        model,
+        torch.device("cpu"),
+        stop_ids=[tok.eos_token_id],
+        pad_id=tok.pad_token_id,
+        max_rows=max_rows,
+        max_positions=96,
+        tokenizer=tok,
     )
 
 
@@ -53,18 +60,27 @@ def test_greedy_rows_joining_at_different_times_match_generate_alone(built):
         ids = torch.tensor([prompt])
         with torch.no_grad():
             out = model.generate(
-                input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=12, do_sample=False,
-                pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id,
+                input_ids=ids,
+                attention_mask=torch.ones_like(ids),
+                max_new_tokens=12,
+                do_sample=False,
+                pad_token_id=tok.pad_token_id,
+                eos_token_id=tok.eos_token_id,
             )
-        alone = out[0, len(prompt):].tolist()
+        alone = out[0, len(prompt) :].tolist()
         assert row.tokens == alone[: len(row.tokens)]
         assert row.finish_reason == ("stop" if row.tokens[-1] == tok.eos_token_id else "length")
         assert row.finish_reason == "stop" or len(row.tokens) == 12
 
 
-@pytest.mark.parametrize("sampling", [SamplingParams(temperature=0.7, top_p=0.9, max_new_tokens=16),
-                                      SamplingParams(temperature=1.0, top_k=3, max_new_tokens=16)],
-                         ids=["t0.7-top_p0.9", "t1-top_k3"])
+@pytest.mark.parametrize(
+    "sampling",
+    [
+        SamplingParams(temperature=0.7, top_p=0.9, max_new_tokens=16),
+        SamplingParams(temperature=1.0, top_k=3, max_new_tokens=16),
+    ],
+    ids=["t0.7-top_p0.9", "t1-top_k3"],
+)
 def test_logprobs_are_those_of_the_raw_logits_at_the_temperature(built, sampling):
     model, tok = built
     prompts = [tok(t)["input_ids"] for t in TEXTS]
@@ -124,12 +140,20 @@ def test_continuous_engine_serves_concurrent_requests_and_a_load_lands_between_s
     assert static.max_concurrency == 1 and type(static.build(POLICY)) is HFEngine
     sampling = SamplingParams(temperature=1.0, max_new_tokens=40)
     requests = [
-        RolloutRequest(records=[{"prompt": "3+4=", "answer": "7"}, {"prompt": "1+1=", "answer": "2"}], n=4,
-                       sampling=sampling, seed=i, gen_id=i)
+        RolloutRequest(
+            records=[{"prompt": "3+4=", "answer": "7"}, {"prompt": "1+1=", "answer": "2"}],
+            n=4,
+            sampling=sampling,
+            seed=i,
+            gen_id=i,
+        )
         for i in range(3)
     ]
     out: dict[int, list] = {}
-    threads = [threading.Thread(target=lambda i=i: out.__setitem__(i, engine.generate(requests[i]))) for i in range(3)]
+    threads = [
+        threading.Thread(target=lambda i=i: out.__setitem__(i, engine.generate(requests[i])))
+        for i in range(3)
+    ]
     for t in threads:
         t.start()
     named = [(n, p.clone() * 0.5) for n, p in engine.model.named_parameters()]
@@ -162,8 +186,13 @@ def test_occupancy_counts_the_tail_of_a_static_call_as_empty_slots():
     meter = OccupancyMeter()
     first = engine.occupancy()
     meter.observe_spans([{"worker": 0, "occupancy": first}])
-    request = RolloutRequest(records=[{"prompt": "3+4=", "answer": "7"}], n=16,
-                             sampling=SamplingParams(temperature=1.0, max_new_tokens=40), seed=0, gen_id=0)
+    request = RolloutRequest(
+        records=[{"prompt": "3+4=", "answer": "7"}],
+        n=16,
+        sampling=SamplingParams(temperature=1.0, max_new_tokens=40),
+        seed=0,
+        gen_id=0,
+    )
     groups = engine.generate(request)
     meter.observe_spans([{"worker": 0, "occupancy": engine.occupancy()}])
     lengths = [len(r.completion_ids) for r in groups[0]]

@@ -123,13 +123,16 @@ class ContinuousBatcher:
         self.active: list[BatchRow] = []
         self._cache: Any = None
         self._mask: torch.Tensor | None = None  # [B, L] 1 = a real token of the row
+        self.compact_at = max(1, max_rows // 8)  # finished rows that trigger a compaction and a refill
         self.row_seconds = 0.0  # sum over steps of active rows x step seconds (occupancy's numerator)
         self.busy_seconds = 0.0
 
     # -- rows in and out ---------------------------------------------------------------------------
     def add(self, row: BatchRow) -> None:
         """Queue ``row``; it joins the batch at the first step with a free slot."""
-        check_context(len(row.prompt_ids), row.sampling.max_new_tokens, self.max_positions, "max_position_embeddings")
+        check_context(
+            len(row.prompt_ids), row.sampling.max_new_tokens, self.max_positions, "max_position_embeddings"
+        )
         if row.seed is not None:
             row.generator = torch.Generator(device=self.device).manual_seed(row.seed)
         self.waiting.append(row)
@@ -140,10 +143,10 @@ class ContinuousBatcher:
         hit = [row for row in self.waiting if predicate(row)]
         for row in hit:
             self.waiting.remove(row)
-        keep = [i for i, row in enumerate(self.active) if not predicate(row)]
-        if len(keep) < len(self.active):
-            hit += [row for row in self.active if predicate(row)]
-            self._select(keep)
+        live_hit = [row for row in self.active if row.finish_reason is None and predicate(row)]
+        if live_hit:
+            hit += live_hit
+            self._select([i for i, row in enumerate(self.active) if row.finish_reason is None and row not in live_hit])
         for row in hit:
             self._finish(row, "aborted")
         return len(hit)
@@ -156,28 +159,42 @@ class ContinuousBatcher:
     # -- one step ------------------------------------------------------------------------------------
     @torch.no_grad()
     def step(self) -> int:
-        """Decode one token for every active row, retire the finished ones, then admit waiting rows
-        into the free slots (their prefill samples their first token); returns the number of rows that
-        produced a token (0: nothing to do)."""
+        """Decode one token for every live row (a finished row is reported at once, its slot freed at
+        the next compaction), then, once enough slots are free, admit waiting rows (their prefill samples
+        their first token); returns the number of rows that produced a token (0: nothing to do).
+
+        Slots are compacted (``Cache.batch_select_indices``, a copy of the whole cache) only when every
+        row finished or ``compact_at`` rows did: refilling one slot per step would copy the cache every
+        step, so finished rows ride along for a few steps and joiners come in batches."""
         start = time.perf_counter()
-        rows = len(self.active)
-        if self.active:
+        rows = self.live
+        if rows:
             self._decode()
-            self._retire()
+        dead = len(self.active) - self.live
+        if dead and (dead == len(self.active) or dead >= self.compact_at):
+            self._select([i for i, row in enumerate(self.active) if row.finish_reason is None])
         free = self.max_rows - len(self.active)
-        joining = [self.waiting.popleft() for _ in range(min(free, len(self.waiting)))]
-        if joining:
+        if self.waiting and (free >= self.compact_at or free >= len(self.waiting) or not self.active):
+            joining = [self.waiting.popleft() for _ in range(min(free, len(self.waiting)))]
             self._join(joining)
-            self._retire()
-        rows += len(joining)
+            rows += len(joining)
         seconds = time.perf_counter() - start
         self.row_seconds += min(rows, self.max_rows) * seconds
         self.busy_seconds += seconds if rows else 0.0
         return rows
 
+    @property
+    def live(self) -> int:
+        """Rows in the batch still decoding (the rest are finished, waiting for a compaction)."""
+        return sum(row.finish_reason is None for row in self.active)
+
     def _forward(self, input_ids: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor, cache: Any):
         out = self.model(
-            input_ids=input_ids, attention_mask=mask, position_ids=positions, use_cache=True, **{self._cache_kw: cache}
+            input_ids=input_ids,
+            attention_mask=mask,
+            position_ids=positions,
+            use_cache=True,
+            **{self._cache_kw: cache},
         )
         name = "cache" if "cache" in out.keys() else "past_key_values"
         return out.logits[:, -1].float(), out[name]
@@ -186,8 +203,12 @@ class ContinuousBatcher:
         from transformers import DynamicCache
 
         width = max(len(row.prompt_ids) for row in rows)
-        ids = torch.tensor([[self.pad_id] * (width - len(r.prompt_ids)) + r.prompt_ids for r in rows], device=self.device)
-        mask = torch.tensor([[0] * (width - len(r.prompt_ids)) + [1] * len(r.prompt_ids) for r in rows], device=self.device)
+        ids = torch.tensor(
+            [[self.pad_id] * (width - len(r.prompt_ids)) + r.prompt_ids for r in rows], device=self.device
+        )
+        mask = torch.tensor(
+            [[0] * (width - len(r.prompt_ids)) + [1] * len(r.prompt_ids) for r in rows], device=self.device
+        )
         positions = (mask.cumsum(-1) - 1).clamp(min=0)
         logits, cache = self._forward(ids, mask, positions, DynamicCache())
         self._merge(cache, mask)
@@ -209,7 +230,10 @@ class ContinuousBatcher:
                 b = torch.nn.functional.pad(b, (0, 0, width - new, 0))
                 setattr(mine, name, torch.cat([a, b], dim=0))
         self._mask = torch.cat(
-            [torch.nn.functional.pad(self._mask, (width - old, 0)), torch.nn.functional.pad(mask, (width - new, 0))]
+            [
+                torch.nn.functional.pad(self._mask, (width - old, 0)),
+                torch.nn.functional.pad(mask, (width - new, 0)),
+            ]
         )
 
     @staticmethod
@@ -225,8 +249,12 @@ class ContinuousBatcher:
     def _decode(self) -> None:
         assert self._mask is not None
         last = torch.tensor([[row.tokens[-1]] for row in self.active], device=self.device)
-        positions = torch.tensor([[len(row.prompt_ids) + len(row.tokens) - 1] for row in self.active], device=self.device)
-        mask = torch.cat([self._mask, torch.ones(len(self.active), 1, dtype=self._mask.dtype, device=self.device)], dim=1)
+        positions = torch.tensor(
+            [[len(row.prompt_ids) + len(row.tokens) - 1] for row in self.active], device=self.device
+        )
+        mask = torch.cat(
+            [self._mask, torch.ones(len(self.active), 1, dtype=self._mask.dtype, device=self.device)], dim=1
+        )
         logits, self._cache = self._forward(last, mask, positions, self._cache)
         self._mask = mask
         self._sample(self.active, logits)
@@ -237,7 +265,9 @@ class ContinuousBatcher:
         version = self.version()
         by_sampling: dict[SamplingParams, list[int]] = {}
         for i, row in enumerate(rows):
-            by_sampling.setdefault(row.sampling, []).append(i)
+            if row.finish_reason is None:  # a finished row riding along until the next compaction
+                by_sampling.setdefault(row.sampling, []).append(i)
+        finished: list[BatchRow] = []
         for sampling, idx in by_sampling.items():
             raw = logits[idx]
             greedy = sampling.temperature == 0
@@ -270,18 +300,14 @@ class ContinuousBatcher:
                     row.finish_reason = "stop"
                 elif len(row.tokens) >= sampling.max_new_tokens:
                     row.finish_reason = "length"
+                if row.finish_reason is not None:
+                    finished.append(row)
+        for row in finished:
+            self._finish(row, row.finish_reason)
 
     def _hit_stop_string(self, row: BatchRow, stops: tuple[str, ...]) -> bool:
         text = self.tokenizer.decode(row.tokens[-16:], skip_special_tokens=True)
         return any(stop in text for stop in stops)
-
-    def _retire(self) -> None:
-        done = [row for row in self.active if row.finish_reason is not None]
-        if not done:
-            return
-        self._select([i for i, row in enumerate(self.active) if row.finish_reason is None])
-        for row in done:
-            self._finish(row, row.finish_reason)
 
     def _select(self, keep: list[int]) -> None:
         """Keep only rows ``keep`` of the batch (cache, mask and list), then drop the cache columns that

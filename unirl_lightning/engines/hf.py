@@ -97,7 +97,9 @@ class HFEngineConfig(TorchThreadsEngineConfig):
 
     def __post_init__(self) -> None:
         if self.batching not in ("static", "continuous"):
-            raise ValueError(f"HFEngineConfig batching={self.batching!r} is invalid; expected 'static' or 'continuous'")
+            raise ValueError(
+                f"HFEngineConfig batching={self.batching!r} is invalid; expected 'static' or 'continuous'"
+            )
         if self.concurrent_calls < 1:
             raise ValueError(f"HFEngineConfig concurrent_calls={self.concurrent_calls} must be at least 1")
 

@@ -126,7 +126,9 @@ class ContinuousHFEngine(HFEngine):
             raise errors[0]
         return [self._group(request, index, prompts[index], group) for index, group in enumerate(rows)]
 
-    def _group(self, request: RolloutRequest, index: int, prompt: list[int], rows: list[BatchRow]) -> list[Rollout]:
+    def _group(
+        self, request: RolloutRequest, index: int, prompt: list[int], rows: list[BatchRow]
+    ) -> list[Rollout]:
         from unirl_lightning.engines.base import make_group
 
         group = make_group(
