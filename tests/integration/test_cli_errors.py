@@ -78,6 +78,10 @@ CASES = [
         "Got value: maybe",
     ),
     (
+        _engine("hf.HFEngineConfig", batching="dynamic"),
+        "trainer.strategy.init_args.engine.init_args.batching: Expected a typing.Literal['static', 'continuous']",
+    ),
+    (
         _engine("vllm.VLLMEngineConfig", gpu_memory_utilization="high"),
         "trainer.strategy.init_args.engine.init_args.gpu_memory_utilization: Expected a <class 'float'>",
     ),

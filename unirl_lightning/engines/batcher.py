@@ -146,7 +146,9 @@ class ContinuousBatcher:
         live_hit = [row for row in self.active if row.finish_reason is None and predicate(row)]
         if live_hit:
             hit += live_hit
-            self._select([i for i, row in enumerate(self.active) if row.finish_reason is None and row not in live_hit])
+            self._select(
+                [i for i, row in enumerate(self.active) if row.finish_reason is None and row not in live_hit]
+            )
         for row in hit:
             self._finish(row, "aborted")
         return len(hit)

@@ -45,6 +45,7 @@ class ContinuousHFEngine(HFEngine):
         self._held = 0  # streamed weight loads under way (begin_weight_load .. finish_weight_load)
         self._error: BaseException | None = None
         self._thread: threading.Thread | None = None
+        self._threads = torch.get_num_threads()  # set for this thread by engine_device; the loop's own
         self.batcher = ContinuousBatcher(
             self.model,
             self.device,
@@ -63,6 +64,7 @@ class ContinuousHFEngine(HFEngine):
             self._thread.start()
 
     def _run(self) -> None:
+        torch.set_num_threads(self._threads)  # intra-op threads are set per thread: as the engine's
         while True:
             with self._work:
                 while not self._closed and (self._held or not self.batcher.pending):
