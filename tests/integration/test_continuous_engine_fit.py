@@ -27,3 +27,36 @@ def test_async_fit_on_a_continuously_batching_worker(tmp_path):
     ]
     # time-averaged over the wall clock: this tiny workload leaves the engine idle most of the time
     assert occupancy and all(0 <= x <= 1 for x in occupancy) and max(occupancy) > 0, occupancy
+
+
+def test_group_launches_on_two_continuous_workers_keep_the_bound_and_train_each_prompt_once(tmp_path):
+    """``launch_unit="group"``: every prompt is its own launch (gen_id), sent to the two workers in turn,
+    reaped when it finishes; a step trains ``batch_size`` groups, none over the staleness bound, and no
+    prompt's group is trained twice."""
+    strategy = AsyncRolloutStrategy(
+        engine=HFEngineConfig(device="cpu", num_threads=1, batching="continuous", max_batch_size=32),
+        max_staleness=1,
+        max_inflight=2,
+        num_workers=2,
+        num_cpus_per_worker=0.5,
+        launch_unit="group",
+    )
+    trainer, _, recorder = fit_tiny(tmp_path, max_steps=6, strategy=strategy)
+    assert trainer.global_step == 6
+    trained: list[int] = []
+    for step in recorder.steps:
+        assert all(0 <= step["version"] - v <= 1 for v in step["row_versions"]), step
+        assert len(step["gen_ids"]) == 4, "one gen_id per group, 4 groups a step"
+        trained += step["gen_ids"]
+    assert len(trained) == len(set(trained)), "a group trained twice"
+    loop = strategy.runtime.loop
+    assert loop.groups_per_step == 4 and loop.controller.next_gen_id <= 4 * (6 + 2)
+
+
+def test_group_launch_with_interrupts_is_refused_naming_both_keys():
+    import pytest
+
+    with pytest.raises(ValueError, match="launch_unit='group' cannot be combined with sync_mode='interrupt'"):
+        AsyncRolloutStrategy(launch_unit="group", sync_mode="interrupt")
+    with pytest.raises(ValueError, match="launch_unit must be one of"):
+        AsyncRolloutStrategy(launch_unit="prompt")

@@ -16,6 +16,8 @@ __all__ = [
     "PLACEMENTS",
     "Placement",
     "SyncMode",
+    "LaunchUnit",
+    "launch_unit_error",
     "WeightSyncName",
     "WorkerLayout",
     "SHARED_DEVICE_PLACEMENTS",
@@ -69,6 +71,24 @@ LOW_PRECISION_DTYPES = frozenset({"bfloat16", "float16"})
 
 SyncMode = Literal["quiesce", "interrupt"]
 SYNC_MODES = get_args(SyncMode)
+LaunchUnit = Literal["request", "group"]
+LAUNCH_UNITS = get_args(LaunchUnit)
+
+
+def launch_unit_error(launch_unit: str, sync_mode: str) -> str | None:
+    """``launch_unit`` must be one of :data:`LAUNCH_UNITS`; ``"group"`` (one prompt's samples launched,
+    reaped and buffered on their own) is not combined with ``sync_mode="interrupt"`` yet, whose chunks
+    are per request."""
+    if launch_unit not in LAUNCH_UNITS:
+        return f"launch_unit must be one of {LAUNCH_UNITS}, got {launch_unit!r}"
+    if launch_unit == "group" and sync_mode == "interrupt":
+        return (
+            "launch_unit='group' cannot be combined with sync_mode='interrupt' (interrupted chunks are per "
+            "request): use sync_mode='quiesce' or launch_unit='request'"
+        )
+    return None
+
+
 """How a weight sync treats the requests in flight: wait for them, or interrupt and resume them."""
 
 

@@ -124,7 +124,8 @@ class ContinuousBatcher:
         self._cache: Any = None
         self._mask: torch.Tensor | None = None  # [B, L] 1 = a real token of the row
         self.compact_at = max(1, max_rows // 8)  # finished rows that trigger a compaction and a refill
-        self.row_seconds = 0.0  # sum over steps of active rows x step seconds (occupancy's numerator)
+        self.row_seconds = 0.0
+        self.counted_at = time.perf_counter()  # the end of the last step counted in row_seconds
         self.busy_seconds = 0.0
 
     # -- rows in and out ---------------------------------------------------------------------------
@@ -180,7 +181,8 @@ class ContinuousBatcher:
             joining = [self.waiting.popleft() for _ in range(min(free, len(self.waiting)))]
             self._join(joining)
             rows += len(joining)
-        seconds = time.perf_counter() - start
+        self.counted_at = time.perf_counter()
+        seconds = self.counted_at - start
         self.row_seconds += min(rows, self.max_rows) * seconds
         self.busy_seconds += seconds if rows else 0.0
         return rows

@@ -151,7 +151,8 @@ class ContinuousHFEngine(HFEngine):
         engine's age in seconds, and its slots (``max_batch_size``)."""
         return {
             "row_seconds": self.batcher.row_seconds,
-            "seconds": time.perf_counter() - self._started,
+            # as of the last counted step: a report read while a step runs stays consistent
+            "seconds": self.batcher.counted_at - self._started,
             "slots": float(self.batcher.max_rows),
         }
 

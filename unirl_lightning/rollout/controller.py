@@ -44,6 +44,7 @@ This module imports only the standard library (and the package's stdlib-only ``c
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -178,6 +179,17 @@ class BatchRolloutController(VersionLedger):
         pending = self._pool.oldest()
         if pending is not None:
             pending.wait()
+
+    def wait_any(self, poll_s: float = 0.002) -> None:
+        """Block until some in-flight job has finished (reap it with ``poll``); no-op if none. Group
+        launches finish out of order, so waiting on the oldest would idle the trainer behind one long
+        group while others are done."""
+        handles = [pending for _, _, pending in self._pool.jobs()]
+        if len(handles) <= 1:
+            self.wait_oldest()
+            return
+        while not any(pending.ready() for pending in handles):
+            time.sleep(poll_s)
 
     def quiesce(self, interrupt: bool = False) -> int:
         """Wait for and reap every in-flight job in ``gen_id`` order; returns groups inserted.

@@ -47,7 +47,12 @@ from collections import deque
 from collections.abc import Callable, Iterable
 from typing import Any, Literal
 
-from unirl_lightning.rollout.controller import BatchRolloutController, StampedGroup, launch_ceiling
+from unirl_lightning.rollout.controller import (
+    BatchRolloutController,
+    StampedGroup,
+    admit_groups,
+    launch_ceiling,
+)
 from unirl_lightning.rollout.occupancy import OccupancyMeter
 from unirl_lightning.rollout.records import GenerationResult
 from unirl_lightning.rollout.stream import PromptStream
@@ -177,6 +182,9 @@ class RolloutLoop:
         clock: the monotonic clock the loop measures waits with (``time.perf_counter``; a simulator
             passes its discrete clock).
         wall_clock: the clock of the timeline's span ends (``time.time``).
+        launch_unit: ``"request"`` (a launch is one step's prompt batch) or ``"group"`` (a launch is one
+            prompt: its group is reaped when it finishes; the ceiling is :func:`admit_groups`, and
+            ``max_inflight`` steps' worth of groups may be in flight).
     """
 
     def __init__(
@@ -196,7 +204,10 @@ class RolloutLoop:
         max_filter_launches_per_step: int = 10,
         clock: Callable[[], float] = time.perf_counter,
         wall_clock: Callable[[], float] = time.time,
+        launch_unit: Literal["request", "group"] = "request",
     ) -> None:
+        self.launch_unit = launch_unit
+        self.pending_records: list[dict[str, Any]] = []  # group launches: the rest of the batch drawn
         self.clock = clock
         self.wall_clock = wall_clock
         self.prompts = prompts
@@ -237,11 +248,23 @@ class RolloutLoop:
         self.timeline: Any = None
 
     def _build(self, gen_id: int) -> Any:
-        records = self.stream.next_records()
-        if self.groups_per_step is None:
-            self.groups_per_step = len(records)
+        if self.launch_unit == "group":
+            records = [self._next_record()]
+        else:
+            records = self.stream.next_records()
+            if self.groups_per_step is None:
+                self.groups_per_step = len(records)
         self.untrained[gen_id] = records
         return self.build_request(records, gen_id)
+
+    def _next_record(self) -> dict[str, Any]:
+        """Group launches: the next prompt, drawn from the stream one batch at a time (a relaunch after a
+        resume is a batch of one)."""
+        if not self.pending_records:
+            self.pending_records = self.stream.next_records()
+            if self.groups_per_step is None:
+                self.groups_per_step = len(self.pending_records)
+        return self.pending_records.pop(0)
 
     # -- one step -------------------------------------------------------------------------------
     def __iter__(self) -> RolloutLoop:
@@ -265,6 +288,21 @@ class RolloutLoop:
 
     def launch_limit(self) -> int:
         """The exclusive gen_id bound for launches now (the launch ceiling, shifted by relaunches)."""
+        if self.launch_unit == "group":
+            if self.groups_per_step is None:  # the step's size comes from the first prompt batch
+                self.pending_records = self.stream.next_records()
+                self.groups_per_step = len(self.pending_records)
+            ctl = self.controller
+            return ctl.next_gen_id + admit_groups(
+                trained_steps=self.steps,
+                sync_interval=self.sync_interval,
+                max_staleness=self.max_staleness,
+                groups_per_step=self.groups_per_step,
+                launched=ctl.next_gen_id - self.gen_id_offset,
+                inflight=ctl.inflight,
+                max_inflight=self.max_inflight * self.groups_per_step,
+                num_groups=None if self.num_rollouts is None else self.num_rollouts * self.groups_per_step,
+            )
         ceiling = launch_ceiling(
             self.steps, self.sync_interval, self.max_staleness, self.num_rollouts or 1 << 62
         )
@@ -276,9 +314,11 @@ class RolloutLoop:
         limit = self.launch_limit()
         self.filter_launches = 0
         while True:
+            if self.launch_unit == "group":  # groups in flight change within the step: admit again
+                limit = self.launch_limit()
             if self.order == "poll_first":  # reap what is ready (also after a wait) before any launch
                 self._reap()
-            ctl.launch_until(limit, self.max_inflight, self._build)
+            ctl.launch_until(limit, self._inflight_cap(), self._build)
             if self.order == "launch_first":
                 self._reap()
             if self.filter_groups and self._short():
@@ -291,9 +331,15 @@ class RolloutLoop:
             if drained is not None:
                 break
             start = self.clock()
-            ctl.wait_oldest()
+            ctl.wait_any() if self.launch_unit == "group" else ctl.wait_oldest()
             self._blocked(self.clock() - start, "oldest")
         return self._make_batch(drained)
+
+    def _inflight_cap(self) -> int:
+        """Jobs in flight at most: ``max_inflight`` requests, or as many steps' worth of groups."""
+        if self.launch_unit == "group":
+            return self.max_inflight * (self.groups_per_step or 1)
+        return self.max_inflight
 
     def _short(self) -> bool:
         """True when nothing is in flight and fewer trainable groups are buffered than a step needs
@@ -434,6 +480,9 @@ class RolloutLoop:
             # sync_mode="interrupt": the partial samples in flight are not saved; a resume relaunches
             # their requests from the prompt (in "untrained") and counts the partials it dropped
             "resume_dropped_partials": self.resume_dropped_partials + self.controller.partial_samples(),
+            # group launches: the prompts of the batch drawn but not launched yet, and the step's size
+            "pending_records": list(self.pending_records),
+            "groups_per_step": self.groups_per_step,
         }
 
     def load_loop_state(self, state: dict[str, Any]) -> None:
@@ -445,3 +494,6 @@ class RolloutLoop:
         self.filtered_groups = state.get("filtered_groups", 0)
         self.interrupt_dropped = state.get("interrupt_dropped", 0)
         self.resume_dropped_partials = state.get("resume_dropped_partials", 0)
+        self.pending_records = list(state.get("pending_records", []))
+        if state.get("groups_per_step") is not None:
+            self.groups_per_step = state["groups_per_step"]

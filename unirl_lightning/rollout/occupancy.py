@@ -23,6 +23,9 @@ class OccupancyMeter:
     >>> meter.observe_spans([{"worker": 0, "occupancy": {"row_seconds": 6.0, "seconds": 2.0, "slots": 4.0}}])
     >>> meter.stats()
     {'rollout/engine_occupancy': 0.75}
+    >>> meter.observe_spans([{"worker": 0, "occupancy": {"row_seconds": 5.0, "seconds": 1.5, "slots": 4.0}}])
+    >>> meter.stats()  # a report older than one already seen adds nothing
+    {}
     """
 
     def __init__(self) -> None:
@@ -39,10 +42,14 @@ class OccupancyMeter:
                 continue
             now = (float(counters["row_seconds"]), float(counters["seconds"]))
             before = self._last.get(span["worker"])
-            if before is not None and now[1] > before[1] and now[0] >= before[0]:
+            if before is not None and now[0] < before[0]:
+                before = None  # the counters went back: a replaced worker, counted from its first report
+            elif before is not None and now[1] <= before[1]:
+                continue  # an older report reaped after a newer one (concurrent calls): already counted
+            if before is not None:
                 self._rows += now[0] - before[0]
                 self._capacity += float(counters["slots"]) * (now[1] - before[1])
-            self._last[span["worker"]] = now  # a replaced worker starts again from its first report
+            self._last[span["worker"]] = now
 
     def stats(self) -> dict[str, float]:
         """``{"rollout/engine_occupancy": ratio}`` over the window since the last call (``{}`` when no

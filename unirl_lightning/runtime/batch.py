@@ -121,6 +121,7 @@ class BatchRuntime(RolloutRuntime):
                 extra_stats=self.stats,
                 filter_groups=spec.filter_groups,
                 max_filter_launches_per_step=spec.max_filter_launches_per_step,
+                launch_unit=settings.launch_unit,
             )
         )
 

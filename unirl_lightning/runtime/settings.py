@@ -11,11 +11,13 @@ from typing import Any
 from unirl_lightning.core.checks import require_at_least, require_choice, require_positive
 from unirl_lightning.core.preflight import (
     IN_PROCESS_PLACEMENTS,
+    LaunchUnit,
     SHARED_DEVICE_PLACEMENTS,
     Placement,
     SyncMode,
     WorkerLayout,
     interrupt_placement_error,
+    launch_unit_error,
     placement_schedule_error,
 )
 from unirl_lightning.core.seeding import global_seed, rank_seed
@@ -100,6 +102,7 @@ class RolloutSettings:
     reward_workers: RewardWorkers | None = None  # None: the rollout workers score
     sync_mode: SyncMode = "quiesce"
     interrupt_chunk_tokens: int = 32
+    launch_unit: LaunchUnit = "request"
     sync_interval: int = 1  # the weight-sync cadence (WeightSyncCallback's every_n_steps), filled at setup
 
     def __post_init__(self) -> None:
@@ -109,6 +112,9 @@ class RolloutSettings:
             object.__setattr__(self, "reward_workers", RewardWorkers(**self.reward_workers))
         check_rollout_settings(self.placement, self.max_staleness, self.max_inflight, self.sync_mode)
         require_at_least("interrupt_chunk_tokens", self.interrupt_chunk_tokens, 1)
+        error = launch_unit_error(self.launch_unit, self.sync_mode)
+        if error is not None:
+            raise ValueError(error)
         if self.in_process and self.reward_workers is not None:
             raise ValueError(
                 f"reward_workers run the reward on Ray actors, but placement={self.placement!r} runs without Ray "

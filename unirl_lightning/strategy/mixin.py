@@ -20,6 +20,7 @@ from lightning.pytorch.accelerators import CPUAccelerator
 
 from unirl_lightning.core.checks import require_positive
 from unirl_lightning.core.preflight import (
+    LaunchUnit,
     SyncMode,
     WorkerLayout,
     collective_device_error,
@@ -60,7 +61,9 @@ class RolloutStrategyMixin:
             module family's default: ``hf`` for LLM modules, ``diffusion`` for Flow-GRPO).
         max_staleness: a sample launched under weight version ``v`` is trained only while
             ``current_version - v <= max_staleness``. 0 = on-policy.
-        max_inflight: rollout requests (one training step of prompts each) in flight at once.
+        max_inflight: rollout requests (one training step of prompts each) in flight at once; with
+            ``launch_unit="group"`` the same number of steps' prompts, counted in groups
+            (``max_inflight x groups_per_step`` groups in flight across the workers).
         num_workers: rollout workers (Ray actors) per training rank, sharing each prompt batch.
         num_cpus_per_worker / num_gpus_per_worker: Ray resources of each worker (a local Ray gets only
             the GPUs the training ranks leave; vLLM's ``tensor_parallel_size`` follows the GPUs).
@@ -79,6 +82,11 @@ class RolloutStrategyMixin:
             ``max_staleness``). Agentic modules always abort at a turn boundary.
         interrupt_chunk_tokens: ``sync_mode="interrupt"``: the most new tokens of a sample per
             generation call (the longest a sync waits, in decode steps).
+        launch_unit: ``"request"``: one launch is one training step's prompts, reaped whole.
+            ``"group"``: one launch is one prompt's ``num_generations`` samples, sent to the workers in
+            turn and reaped as soon as it finishes, so a step trains the first groups to finish and a
+            continuously batching engine (``HFEngineConfig(batching="continuous")``) is kept fed; the
+            staleness budget is counted in groups (``rollout.controller.admit_groups``).
         weight_sync: ``"auto"`` (the placement's: ``"inprocess"`` for hybrid, else ``"object_store"``),
             ``"object_store"``, ``"collective"`` (Ray workers), ``"inprocess"`` (hybrid only: the
             engine reads the trainer's tensors, or a cast copy) or a ``WeightSync`` instance.
@@ -123,6 +131,7 @@ class RolloutStrategyMixin:
         reward_workers: RewardWorkers | None = None,
         sync_mode: SyncMode = "quiesce",
         interrupt_chunk_tokens: PositiveInt = 32,
+        launch_unit: LaunchUnit = "request",
     ) -> None:
         self.abort_timeout_s = float(require_positive("abort_timeout_s", abort_timeout_s))
         self.cross_rank_abort: CrossRankAbort | None = None
@@ -144,6 +153,7 @@ class RolloutStrategyMixin:
             reward_workers=reward_workers,
             sync_mode=sync_mode,
             interrupt_chunk_tokens=int(interrupt_chunk_tokens),
+            launch_unit=launch_unit,
         )
         kind = weight_sync if isinstance(weight_sync, str) else weight_sync_kind(weight_sync)
         error = weight_sync_placement_error(placement, kind)

@@ -124,6 +124,7 @@ class RolloutWorkerGroup:
                 check_free(num_workers, [{"CPU": float(num_cpus_per_worker)}])
             self._options = [dict(num_cpus=num_cpus_per_worker, num_gpus=0)] * num_workers
         self._actor_args = (engine_config, policy, lora, reward)
+        self._next_worker = 0  # the worker the next small request goes to (round robin)
         self.reward_pool = reward_pool
         self.workers = [self._new_actor(i) for i in range(num_workers)]
         self.num_workers = num_workers
@@ -203,6 +204,12 @@ class RolloutWorkerGroup:
 
     def generate(self, request: RolloutRequest) -> GenerationCall:
         parts = request.split(self.num_workers)
+        if len(parts) < self.num_workers:  # a small request (one group): the workers take turns
+            first = self._next_worker
+            self._next_worker = (first + len(parts)) % self.num_workers
+            return GenerationCall(
+                self, [((first + p) % self.num_workers, part) for p, part in enumerate(parts)]
+            )
         return GenerationCall(self, list(enumerate(parts)))
 
     def replace(self, index: int, actor: Any, why: str) -> None:
