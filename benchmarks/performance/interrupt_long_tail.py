@@ -40,6 +40,9 @@ MODES = {
     # the same, on the continuously batching HF engine (rows of the next request fill freed slots)
     "sync_continuous": dict(max_staleness=0, max_inflight=1, batching="continuous"),
     "async_continuous": dict(max_staleness=1, max_inflight=2, batching="continuous"),
+    # ... and every prompt its own launch, reaped as it finishes (launch_unit="group")
+    "async_groups": dict(max_staleness=1, max_inflight=2, batching="continuous", launch_unit="group"),
+    "async_groups_s2": dict(max_staleness=2, max_inflight=3, batching="continuous", launch_unit="group"),
 }
 
 
@@ -243,6 +246,7 @@ def run(config: dict[str, Any]) -> dict[str, Any]:
         "interrupt_over_quiesce": over("async_interrupt", "async_quiesce"),
         "async_continuous_over_async_quiesce": over("async_continuous", "async_quiesce"),
         "async_continuous_over_sync_continuous": over("async_continuous", "sync_continuous"),
+        "async_groups_over_async_quiesce": over("async_groups", "async_quiesce"),
         "medians": medians,
         "config": config | {"out": None},
     }

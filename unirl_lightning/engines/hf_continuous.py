@@ -19,7 +19,6 @@ seconds so far (time-averaged active rows / slots is their ratio over ``max_batc
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Iterable
 from typing import Any
 

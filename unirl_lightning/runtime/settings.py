@@ -11,8 +11,8 @@ from typing import Any
 from unirl_lightning.core.checks import require_at_least, require_choice, require_positive
 from unirl_lightning.core.preflight import (
     IN_PROCESS_PLACEMENTS,
-    LaunchUnit,
     SHARED_DEVICE_PLACEMENTS,
+    LaunchUnit,
     Placement,
     SyncMode,
     WorkerLayout,
