@@ -21,6 +21,7 @@ copy of it) to the end.
 from __future__ import annotations
 
 import contextlib
+import importlib
 import logging
 import time
 from collections.abc import Iterable, Iterator
@@ -109,10 +110,9 @@ class HFEngineConfig(TorchThreadsEngineConfig):
         return self.concurrent_calls if self.batching == "continuous" else 1
 
     def build(self, policy: PolicySpec, lora: LoraSpec | None = None) -> HFEngine:
-        if self.batching == "continuous":
-            from unirl_lightning.engines.hf_continuous import ContinuousHFEngine
-
-            return ContinuousHFEngine(self, policy, lora)
+        if self.batching == "continuous":  # a subclass of HFEngine in a module of its own (as ENGINES names them)
+            module = importlib.import_module("unirl_lightning.engines.hf_continuous")
+            return module.ContinuousHFEngine(self, policy, lora)
         return HFEngine(self, policy, lora)
 
 
