@@ -110,7 +110,7 @@ class HFEngineConfig(TorchThreadsEngineConfig):
         return self.concurrent_calls if self.batching == "continuous" else 1
 
     def build(self, policy: PolicySpec, lora: LoraSpec | None = None) -> HFEngine:
-        if self.batching == "continuous":  # a subclass of HFEngine in a module of its own (as ENGINES names them)
+        if self.batching == "continuous":  # an HFEngine subclass, found by module name as ENGINES are
             module = importlib.import_module("unirl_lightning.engines.hf_continuous")
             return module.ContinuousHFEngine(self, policy, lora)
         return HFEngine(self, policy, lora)
