@@ -8,18 +8,24 @@ from unirl_lightning.engines.hf import HFEngineConfig
 from unirl_lightning.strategy import AsyncRolloutStrategy
 
 
-def test_async_fit_on_a_continuously_batching_worker(tmp_path):
+def fit_continuous(tmp_path, max_steps: int, **settings):
+    """A tiny async fit (``max_staleness=1, max_inflight=2``) on continuously batching workers; every
+    trained row within the staleness bound."""
     strategy = AsyncRolloutStrategy(
         engine=HFEngineConfig(device="cpu", num_threads=1, batching="continuous", max_batch_size=32),
         max_staleness=1,
         max_inflight=2,
-        num_workers=1,
-        num_cpus_per_worker=1,
+        **settings,
     )
-    trainer, _, recorder = fit_tiny(tmp_path, max_steps=5, strategy=strategy)
-    assert trainer.global_step == 5
+    trainer, _, recorder = fit_tiny(tmp_path, max_steps=max_steps, strategy=strategy)
+    assert trainer.global_step == max_steps
     for step in recorder.steps:
         assert all(0 <= step["version"] - v <= 1 for v in step["row_versions"]), step
+    return strategy, recorder
+
+
+def test_async_fit_on_a_continuously_batching_worker(tmp_path):
+    _, recorder = fit_continuous(tmp_path, 5, num_workers=1, num_cpus_per_worker=1)
     occupancy = [
         s["metrics"]["rollout/engine_occupancy"]
         for s in recorder.steps
@@ -33,19 +39,11 @@ def test_group_launches_on_two_continuous_workers_keep_the_bound_and_train_each_
     """``launch_unit="group"``: every prompt is its own launch (gen_id), sent to the two workers in turn,
     reaped when it finishes; a step trains ``batch_size`` groups, none over the staleness bound, and no
     prompt's group is trained twice."""
-    strategy = AsyncRolloutStrategy(
-        engine=HFEngineConfig(device="cpu", num_threads=1, batching="continuous", max_batch_size=32),
-        max_staleness=1,
-        max_inflight=2,
-        num_workers=2,
-        num_cpus_per_worker=0.5,
-        launch_unit="group",
+    strategy, recorder = fit_continuous(
+        tmp_path, 6, num_workers=2, num_cpus_per_worker=0.5, launch_unit="group"
     )
-    trainer, _, recorder = fit_tiny(tmp_path, max_steps=6, strategy=strategy)
-    assert trainer.global_step == 6
     trained: list[int] = []
     for step in recorder.steps:
-        assert all(0 <= step["version"] - v <= 1 for v in step["row_versions"]), step
         assert len(step["gen_ids"]) == 4, "one gen_id per group, 4 groups a step"
         trained += step["gen_ids"]
     assert len(trained) == len(set(trained)), "a group trained twice"
