@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 from benchmarks.harness import common
 
 if TYPE_CHECKING:
-    from benchmarks.harness.registry import Entry
+    from benchmarks.harness.entries import Entry
 
 VLLM_PYTHON = common.REPO / ".venv-vllm" / "bin" / "python"
 SMOKE_TIMEOUT_S = 300

@@ -1,6 +1,11 @@
 """Learning on the real model, ours vs TRL, over seeds: ``examples/grpo_smollm2_cpu.yaml`` (issue 25).
 
     python -m benchmarks.peers.smollm2_learning [--seeds 0 1] [--configs async sync trl] [--quick]
+    python -m benchmarks.peers.smollm2_learning --recipe reasoning_gym --seeds 0 1 2 3 4 --configs async trl
+
+``--recipe reasoning_gym`` trains ``examples/grpo_smollm2_reasoning_gym.yaml`` instead (a reasoning-gym
+task scored by its own verifier, issue 50) on both sides, with everything below the same; its results
+go to ``smollm2_reasoning_gym.json``.
 
 The SmolLM2-135M-Instruct LoRA recipe (word problems, math-verify + 0.1 format reward, chat template,
 natural stopping at ``<|im_end|>``, 2 prompts x 8 samples x up to 64 new tokens per step, temperature
@@ -61,7 +66,14 @@ START = time.perf_counter()
 from benchmarks.harness import common, figures, stats  # noqa: E402
 from benchmarks.peers import smollm2_trl  # noqa: E402
 
-RECIPE = common.REPO / "examples" / "grpo_smollm2_cpu.yaml"
+RECIPES = {  # --recipe: the recipe both sides train, and its results file
+    "word_problems": ("grpo_smollm2_cpu.yaml", "smollm2_learning"),
+    "reasoning_gym": ("grpo_smollm2_reasoning_gym.yaml", "smollm2_reasoning_gym"),
+}
+
+
+def recipe_path(cfg: dict[str, Any]) -> Path:
+    return common.REPO / "examples" / RECIPES[cfg.get("recipe", "word_problems")][0]
 GRPO_ADVANTAGE = ["--model.init_args.advantage", "grpo"]
 SYNC = ["--trainer.strategy.init_args.max_staleness", "0", "--trainer.strategy.init_args.max_inflight", "1"]
 RECOMPUTE = ["--model.init_args.old_logprob", "recompute"]
@@ -99,11 +111,11 @@ def child_ours(cfg: dict[str, Any]) -> dict[str, Any]:
 
     wall0 = time.time() - (time.perf_counter() - START)  # the process's start on the event clock
     with tempfile.TemporaryDirectory(prefix="smollm2-") as out:
-        args = ["fit", "--config", str(RECIPE), "--seed_everything", str(cfg["seed"])]
+        args = ["fit", "--config", str(recipe_path(cfg)), "--seed_everything", str(cfg["seed"])]
         args += ["--trainer.logger.init_args.save_dir", out, "--trainer.max_steps", str(cfg["steps"])]
         args += ["--trainer.enable_progress_bar", "false", *CONFIGS[cfg["name"]]]
         main(args)
-        (log_dir,) = Path(out).glob("grpo_smollm2_cpu/version_*")
+        (log_dir,) = Path(out).glob("*/version_*")
         scalars = read_scalars(log_dir)
     evals = [
         {"step": step, "t": round(wall - wall0, 1), "heldout_accuracy": round(value, 4)}
@@ -120,7 +132,7 @@ def child_ours(cfg: dict[str, Any]) -> dict[str, Any]:
 
 def child(cfg: dict[str, Any]) -> dict[str, Any]:
     if cfg["name"] in TRL_SIDES:
-        recipe = ["--config", str(RECIPE), "--seed_everything", str(cfg["seed"]), *CONFIGS[cfg["name"]]]
+        recipe = ["--config", str(recipe_path(cfg)), "--seed_everything", str(cfg["seed"]), *CONFIGS[cfg["name"]]]
         result = smollm2_trl.child_trl(cfg, recipe, START)
     else:
         result = child_ours(cfg)
@@ -178,7 +190,7 @@ def plot(results: dict[str, Any], path: Path) -> None:
         for run in mine:  # every run, faint
             steps = [e["step"] for e in run["evals"]]
             times = [e["t"] / 60 for e in run["evals"]]
-            acc = [64 * e["heldout_accuracy"] for e in run["evals"]]
+            acc = [e["heldout_accuracy"] for e in run["evals"]]
             axes[0].plot(times, acc, marker="o", color=color, linestyle=linestyle, alpha=0.3)
             axes[1].plot(steps, acc, marker=".", color=color, linestyle=linestyle, alpha=0.2)
             for step, a in zip(steps, acc):
@@ -199,10 +211,11 @@ def plot(results: dict[str, Any], path: Path) -> None:
     axes[0].set_xlabel("wall time from process start (min)")
     axes[1].set_xlabel("optimizer step")
     for ax in axes:
-        ax.set_ylabel("held-out problems solved (greedy, of 64)")
+        ax.set_ylabel("held-out accuracy (greedy)")
         ax.grid(alpha=0.3)
         ax.legend()
-    fig.suptitle("SmolLM2-135M-Instruct LoRA GRPO on 2 CPU cores: ours (async, sync) vs TRL GRPOTrainer")
+    task = results.get("recipe", "word_problems").replace("_", " ")
+    fig.suptitle(f"SmolLM2-135M-Instruct LoRA GRPO on 2 CPU cores ({task}): ours vs TRL GRPOTrainer")
     figures.save_figure(fig, path)
 
 
@@ -215,7 +228,7 @@ def run(config: dict[str, Any]) -> dict[str, Any]:
     runs = [r for r in runs if (r["name"], r["seed"]) not in rerun]  # a re-run replaces the old run
     for seed in config["seeds"]:  # interleaved: a slow phase of the machine hits every side alike
         for name in config["configs"]:
-            cfg = {"name": name, "seed": seed, "steps": config["steps"]}
+            cfg = {"name": name, "seed": seed, "steps": config["steps"], "recipe": config["recipe"]}
             result = common.run_child(Path(__file__), cfg, timeout_s=3600)
             print(json.dumps({k: result[k] for k in ("name", "seed", "wall_s", "evals")}), flush=True)
             runs.append(result)
@@ -228,6 +241,7 @@ def results_record(config: dict[str, Any], runs: list[dict[str, Any]]) -> dict[s
     return {
         "machine": stats.machine(),
         "steps": config["steps"],
+        "recipe": config["recipe"],
         "runs": runs,
         "summary": summarize(runs, list(CONFIGS)),
     }
@@ -240,7 +254,13 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=18, help="optimizer steps per run (the recipe: 18)")
     parser.add_argument("--quick", action="store_true", help="a smoke run: seed 0, 2 steps")
     parser.add_argument(
-        "--out", default="smollm2_learning", help="results file (a bare name: in the results folder)"
+        "--recipe",
+        default="word_problems",
+        choices=list(RECIPES),
+        help="word_problems: examples/grpo_smollm2_cpu.yaml; reasoning_gym: examples/grpo_smollm2_reasoning_gym.yaml",
+    )
+    parser.add_argument(
+        "--out", help="results file (a bare name: in the results folder; default: the recipe's, see RECIPES)"
     )
     parser.add_argument(
         "--append",
@@ -248,6 +268,7 @@ def main() -> None:
         help="keep the runs already in --out (other seeds or sides; the same side and seed is re-run)",
     )
     config = common.parse_config(parser, child=child)
+    config["out"] = config["out"] or RECIPES[config["recipe"]][1]
     if config["quick"]:
         config.update(seeds=[0], steps=2)
     results = run(config)

@@ -8,6 +8,7 @@ recipe's rule. A helper module (no ``main``); TRL, ``datasets`` and the library 
 from __future__ import annotations
 
 import collections
+import json
 import os
 import tempfile
 import time
@@ -42,12 +43,17 @@ def child_trl(cfg: dict[str, Any], recipe_args: list[str], start: float) -> dict
             loader.sampler.set_epoch(0)
             train = [dict(r) for batch in loader for r in batch]
         held_out = [dict(r) for r in data.val_records()][: evaluator.num_prompts]
-        rows = [{"prompt": [{"role": "user", "content": r["prompt"]}], "answer": r["answer"]} for r in train]
+        system = module.policy_spec.system_prompt
+        head = [{"role": "system", "content": system}] if system else []
+        # each row carries its whole record (JSON: reasoning-gym's entry has nested, uneven metadata)
+        rows = [
+            {"prompt": [*head, {"role": "user", "content": r["prompt"]}], "record": json.dumps(r)} for r in train
+        ]
         parts_log: list[dict[str, float]] = []
 
-        def reward(completions: list, answer: list, **_: Any) -> list[float]:
+        def reward(completions: list, record: list, **_: Any) -> list[float]:
             texts = [c[-1]["content"] if isinstance(c, list) else c for c in completions]
-            records = [{"answer": a} for a in answer]
+            records = [json.loads(r) for r in record]
             total, parts = score_parts(module.reward, texts, records)
             parts_log.append({k: sum(x or 0.0 for x in v) / len(v) for k, v in parts.items()})
             return total
@@ -57,7 +63,7 @@ def child_trl(cfg: dict[str, Any], recipe_args: list[str], start: float) -> dict
         stop_ids = list(module.policy_spec.stop_ids(tokenizer))
 
         def evaluate(model: Any, step: int) -> None:
-            texts = [render_prompt_text(tokenizer, r, chat=True) for r in held_out]
+            texts = [render_prompt_text(tokenizer, r, chat=True, system_prompt=system) for r in held_out]
             was_training = model.training
             model.eval()
             side, tokenizer.padding_side = tokenizer.padding_side, "left"

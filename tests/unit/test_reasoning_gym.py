@@ -48,6 +48,53 @@ def test_held_out_prompts_never_meet_training_prompts():
     assert len(train) == 200 and len(held_out) == 20 and not train & held_out
 
 
+def test_a_million_prompts_are_generated_when_read_the_same_in_every_process_and_split():
+    """Beyond LAZY_FROM prompts nothing is generated at setup: record i is a function of (seed, i), so a
+    second data module (another process, a resume) reads the same record; held-out stays disjoint."""
+    from unirl_lightning.data.reasoning_gym import LAZY_FROM, LazyRecords
+
+    def module() -> PromptDataModule:
+        data = PromptDataModule(
+            train="reasoning_gym:chain_sum",
+            batch_size=4,
+            num_train_prompts=1_000_000,
+            num_val_prompts=LAZY_FROM + 1,
+        )
+        data.setup()
+        return data
+
+    first, second = module(), module()
+    train, held_out = first.train_records(), first.val_records()
+    assert isinstance(train, LazyRecords) and isinstance(held_out, LazyRecords)
+    assert len(train) == 1_000_000 and len(held_out) == LAZY_FROM + 1
+    picks = [0, 1, 123_456, 999_999]
+    assert [train[i] for i in picks] == [second.train_records()[i] for i in picks]
+    assert train[-1] == train[999_999] and train[0] != train[1]
+    assert not {train[i]["prompt"] for i in range(500)} & {held_out[i]["prompt"] for i in range(500)}
+    with pytest.raises(IndexError, match="record 1000000 of 1000000"):
+        train[1_000_000]
+    loader = first.train_dataloader()
+    loader.sampler.set_epoch(0)
+    batch = next(iter(loader))
+    assert len(batch) == 4 and all(
+        r["reasoning_gym"]["metadata"]["source_dataset"] == "chain_sum" for r in batch
+    )
+
+
+def test_lazy_records_name_the_config_when_it_yields_too_few_questions(monkeypatch):
+    from unirl_lightning.data import reasoning_gym
+
+    records = reasoning_gym_records("reasoning_gym:chain_sum", 20_000, seed=0, partition="held_out")
+    assert records[5]["prompt"]
+    monkeypatch.setattr(
+        reasoning_gym, "_partition", lambda question: "train"
+    )  # a config with no held-out question
+    with pytest.raises(
+        ValueError, match=r"gave no held_out prompt in entries 1280-1535: .* too few distinct questions"
+    ):
+        records[5]
+
+
 def test_a_composite_mixes_datasets_and_each_record_is_scored_by_its_own_dataset():
     config = {
         "datasets": [

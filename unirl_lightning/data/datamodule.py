@@ -378,6 +378,6 @@ class PromptDataModule(LightningDataModule):
 
 def _subset(records: list[dict] | PromptRecords, keep: list[int]) -> list[dict] | PromptRecords:
     """The records at the indices ``keep``, in the same form (a list, or a dataset kept memory-mapped)."""
-    if isinstance(records, list):
+    if not isinstance(records, PromptRecords):  # a list, or reasoning-gym's LazyRecords (then read whole)
         return [records[i] for i in keep]
     return PromptRecords(records.rows.select(keep), records.prompt_key, records.answer_key, records.source)

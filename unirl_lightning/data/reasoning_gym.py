@@ -12,19 +12,37 @@ Held-out prompts never meet training ones: an entry belongs to the held-out part
 its question falls in one bucket of ten, to training otherwise, and each split reads entries of its
 own partition (training from the data seed, held-out from the held-out seed). An optional extra:
 ``pip install "unirl-lightning[reasoning-gym]"``.
+
+Up to :data:`LAZY_FROM` prompts are generated when the data module is set up, without duplicate
+questions. Beyond that, the records are a :class:`LazyRecords`: record ``i`` is generated when it is
+read, from entries ``i * SPAN ...`` of the dataset (reasoning-gym generates entry ``k`` from ``seed +
+k`` alone), so a million prompts cost nothing at setup and record ``i`` is the same in every process
+and after a resume (the pass order is the sampler's, a function of the data seed and the pass).
+Duplicate questions are not removed there.
 """
 
 from __future__ import annotations
 
 import difflib
 import hashlib
+from collections.abc import Sequence
 from typing import Any
 
-__all__ = ["PREFIX", "dataset_names", "is_reasoning_gym", "reasoning_gym_records", "task_error"]
+__all__ = [
+    "LAZY_FROM",
+    "PREFIX",
+    "LazyRecords",
+    "dataset_names",
+    "is_reasoning_gym",
+    "reasoning_gym_records",
+    "task_error",
+]
 
 PREFIX = "reasoning_gym:"
 HELD_OUT_BUCKETS = 10  # one bucket of ten is held out
 MAX_DRAWS_PER_RECORD = 50  # a dataset whose partition is this sparse is too small for the request
+LAZY_FROM = 10_000  # more prompts than this: generated when read (LazyRecords)
+SPAN = 256  # LazyRecords: the entries record i may come from (no held-out one among them: 0.9**256 ~ 2e-12)
 
 
 def is_reasoning_gym(source: Any) -> bool:
@@ -85,15 +103,53 @@ def _dataset(name: str, size: int, seed: int, config: dict[str, Any]) -> Any:
         ) from exc
 
 
+def _record(entry: dict[str, Any]) -> dict[str, Any]:
+    return {"prompt": entry["question"], "answer": entry["answer"], "reasoning_gym": entry}
+
+
+class LazyRecords(Sequence):
+    """``num_prompts`` records of a reasoning-gym dataset, each generated when read: record ``i`` is the
+    first entry of ``partition`` among the dataset's entries ``i * SPAN`` to ``(i + 1) * SPAN - 1``.
+
+    >>> records = reasoning_gym_records("reasoning_gym:chain_sum", 1_000_000, seed=3)
+    >>> len(records), records[999_999] == records[-1], records[7]["prompt"] == records[7]["reasoning_gym"]["question"]
+    (1000000, True, True)
+    """
+
+    def __init__(self, name: str, dataset: Any, num_prompts: int, partition: str | None) -> None:
+        self.name, self.dataset, self.num_prompts, self.partition = name, dataset, num_prompts, partition
+
+    def __len__(self) -> int:
+        return self.num_prompts
+
+    def __getitem__(self, index: int) -> dict[str, Any]:  # type: ignore[override]
+        if not isinstance(index, int):
+            raise TypeError(f"LazyRecords indices are integers, not {type(index).__name__}")
+        if index < 0:
+            index += self.num_prompts
+        if not 0 <= index < self.num_prompts:
+            raise IndexError(f"record {index} of {self.num_prompts}")
+        for k in range(index * SPAN, (index + 1) * SPAN):
+            entry = self.dataset[k]
+            if self.partition is None or _partition(entry["question"]) == self.partition:
+                return _record(entry)
+        raise ValueError(
+            f"data.init_args: reasoning-gym's {self.name!r} gave no {self.partition} prompt in entries "
+            f"{index * SPAN}-{(index + 1) * SPAN - 1}: its config yields too few distinct questions for "
+            f"{self.num_prompts} prompts; ask for fewer (at most {LAZY_FROM} are drawn without duplicates)"
+        )
+
+
 def reasoning_gym_records(
     source: str,
     num_prompts: int,
     seed: int,
     config: dict[str, Any] | None = None,
     partition: str | None = "train",
-) -> list[dict]:
+) -> list[dict] | LazyRecords:
     """``num_prompts`` records of reasoning-gym's dataset ``source`` (``"reasoning_gym:<name>"``) drawn
-    from ``seed``, all of ``partition`` (``"train"`` or ``"held_out"``; None: every entry).
+    from ``seed``, all of ``partition`` (``"train"`` or ``"held_out"``; None: every entry): a list of
+    distinct questions, or beyond :data:`LAZY_FROM` prompts a :class:`LazyRecords`.
 
     >>> records = reasoning_gym_records("reasoning_gym:basic_arithmetic", 2, seed=1)
     >>> sorted(records[0]), records[0]["prompt"] == records[0]["reasoning_gym"]["question"]
@@ -103,6 +159,10 @@ def reasoning_gym_records(
     if error is not None:
         raise ValueError(error)
     name = source[len(PREFIX) :]
+    if num_prompts > LAZY_FROM:
+        return LazyRecords(
+            name, _dataset(name, num_prompts * SPAN, seed, config or {}), num_prompts, partition
+        )
     draws = num_prompts if partition is None else num_prompts * MAX_DRAWS_PER_RECORD
     dataset = _dataset(name, draws, seed, config or {})
     records: list[dict] = []
@@ -113,7 +173,7 @@ def reasoning_gym_records(
         if question in seen or (partition is not None and _partition(question) != partition):
             continue
         seen.add(question)
-        records.append({"prompt": question, "answer": entry["answer"], "reasoning_gym": entry})
+        records.append(_record(entry))
         if len(records) == num_prompts:
             return records
     raise ValueError(
