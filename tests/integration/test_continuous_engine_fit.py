@@ -36,7 +36,7 @@ def test_async_fit_on_a_continuously_batching_worker(tmp_path):
 
 
 def test_group_launches_on_two_continuous_workers_keep_the_bound_and_train_each_prompt_once(tmp_path):
-    """``launch_unit="group"``: every prompt is its own launch (gen_id), sent to the two workers in turn,
+    """``launch_unit="group"``: every prompt is its own launch (gen_id), sent to the least-loaded worker,
     reaped when it finishes; a step trains ``batch_size`` groups, none over the staleness bound, and no
     prompt's group is trained twice."""
     strategy, recorder = fit_continuous(

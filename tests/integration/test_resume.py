@@ -35,10 +35,10 @@ def unique_prompts() -> PromptDataModule:
     )
 
 
-def run(tmp_path, max_steps, ckpt_path=None):
+def run(tmp_path, max_steps, ckpt_path=None, launch_unit="request"):
     seed_everything(0)
     recorder = PromptRecorder()
-    strategy = AsyncRolloutStrategy(max_staleness=1, max_inflight=2)
+    strategy = AsyncRolloutStrategy(max_staleness=1, max_inflight=2, launch_unit=launch_unit)
     trainer = Trainer(
         strategy=strategy,
         max_steps=max_steps,
@@ -54,20 +54,31 @@ def run(tmp_path, max_steps, ckpt_path=None):
     )
     trainer.fit(tiny_module(), datamodule=unique_prompts(), ckpt_path=ckpt_path)
     loop = strategy.runtime.loop
+    # drawn but not trained: launched (in flight or buffered), or drawn and not yet launched (groups)
     leftover = {r["prompt"] for records in loop.untrained.values() for r in records}
+    leftover |= {r["prompt"] for r in loop.pending_records}
     strategy.shutdown()
     return recorder, leftover, loop
 
 
-def test_kill_and_resume_loses_and_repeats_no_prompt(tmp_path):
-    first, _, loop1 = run(tmp_path, max_steps=4)
-    second, leftover, loop2 = run(tmp_path, max_steps=8, ckpt_path=str(tmp_path / "ckpt" / "last.ckpt"))
+@pytest.mark.parametrize("launch_unit", ["request", "group"])
+def test_kill_and_resume_loses_and_repeats_no_prompt(tmp_path, launch_unit):
+    """Stopped after 4 steps with work in flight (with ``launch_unit="group"``: single groups launched,
+    some of the drawn batch not yet launched), resumed to 8: no prompt trained twice, and the prompts
+    trained or still held form an unbroken prefix of the (unshuffled) stream: none was lost."""
+    first, _, loop1 = run(tmp_path, max_steps=4, launch_unit=launch_unit)
+    if launch_unit == "group":
+        assert loop1.groups_per_step == 4 and loop1.untrained, "the first run stopped with groups in flight"
+    ckpt = str(tmp_path / "ckpt" / "last.ckpt")
+    second, leftover, loop2 = run(tmp_path, max_steps=8, ckpt_path=ckpt, launch_unit=launch_unit)
     assert len(first.steps) == 4 and len(second.steps) == 4
     trained = [p for s in first.steps + second.steps for p in s["prompts"]]
     assert len(trained) == len(set(trained)), "a prompt was trained twice across the resume"
-    # every prompt handed out in the first run is trained, still pending, or evicted (counted) later
-    handed_out = {p for s in first.steps for p in s["prompts"]}
-    assert handed_out <= set(trained)
+    assert not set(trained) & leftover
+    order = [r["prompt"] for r in unique_prompts().train_records()]
+    held = set(trained) | leftover
+    reached = max(order.index(p) for p in held)
+    assert set(order[: reached + 1]) == held, "a prompt drawn before the stop was neither trained nor kept"
     # the resumed run continued the version ledger and re-pushed once at start: version 4 -> 5
     assert second.steps[0]["version"] == 5
     staleness = [s["version"] - v for s in second.steps for v in s["row_versions"]]

@@ -106,6 +106,11 @@ class GenerationCall:
         self._parts = [self._launch(index, request) for index, request in parts]
         self._last_log = time.monotonic()
 
+    @property
+    def parts(self) -> list[CallPart]:
+        """Each worker's share, as last polled (``done``, ``score_ref``)."""
+        return self._parts
+
     def _launch(self, index: int, request: RolloutRequest) -> CallPart:
         actor = self._group.workers[index]
         launched_at = time.time()
@@ -239,6 +244,40 @@ class GenerationCall:
 
         self.wait()
         return merge_results(ray.get([p.final_ref for p in self._parts]), self._parts)
+
+
+def worker_loads(calls: list[GenerationCall], num_workers: int) -> list[int]:
+    """Samples each worker is generating, over ``calls``: the parts not done whose generation is not
+    finished (a part a reward worker is scoring no longer loads its rollout worker).
+
+    >>> from types import SimpleNamespace as P
+    >>> call = P(parts=[P(index=0, done=False, score_ref=None, samples=8), P(index=1, done=True, score_ref=None, samples=8),
+    ...                 P(index=1, done=False, score_ref="scoring", samples=8)])
+    >>> worker_loads([call], 2)
+    [8, 0]
+    """
+    loads = [0] * num_workers
+    for call in calls:
+        for part in call.parts:
+            if not part.done and part.score_ref is None and part.index < num_workers:
+                loads[part.index] += part.samples
+    return loads
+
+
+def route(loads: list[int], sizes: list[int], start: int = 0) -> list[int]:
+    """The worker each of the parts of ``sizes`` samples goes to: in turn, to the least-loaded worker
+    (``loads``: samples each is generating, updated as parts are placed), ties to the first from
+    ``start`` on, so equally loaded workers take turns.
+
+    >>> route([16, 0, 8], [8, 8], start=0), route([0, 0, 0], [8], start=2), route([0, 0], [8, 8, 8], start=1)
+    ([1, 1], [2], [1, 0, 1])
+    """
+    loads, n, chosen = list(loads), len(loads), []
+    for size in sizes:
+        worker = min(range(n), key=lambda i: (loads[i], (i - start) % n))
+        loads[worker] += size
+        chosen.append(worker)
+    return chosen
 
 
 def _part_span(result: GenerationResult, part: CallPart) -> dict[str, Any]:

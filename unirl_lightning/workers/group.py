@@ -4,7 +4,10 @@ Contract:
 
 * :meth:`RolloutWorkerGroup.generate` splits a request across the workers (groups never straddle
   workers) and returns a :class:`~unirl_lightning.workers.calls.GenerationCall` at once (polled,
-  waited on and reaped by the rollout controller; deadlines and relaunches are the call's).
+  waited on and reaped by the rollout controller; deadlines and relaunches are the call's). A request
+  smaller than the group (``launch_unit: group``: one prompt's samples) goes to the least-loaded
+  worker: the fewest samples in generation over the calls not yet collected, ties in turn
+  (:func:`~unirl_lightning.workers.calls.route`).
 * Worker faults: :meth:`RolloutWorkerGroup.replace` swaps a dead or hung worker for a new actor, then
   calls ``on_restart(index)`` (the rollout runtime pushes the current weights to it), up to
   ``max_restarts`` times in all; past that the run fails naming the worker and why. ``restarts``
@@ -29,6 +32,7 @@ from __future__ import annotations
 import atexit
 import logging
 import math
+import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -37,7 +41,14 @@ import ray
 from unirl_lightning.core.preflight import WorkerLayout
 from unirl_lightning.rollout.records import RolloutRequest
 from unirl_lightning.workers.actor import RolloutWorker
-from unirl_lightning.workers.calls import GenerationCall, WorkerSubset, call_every, kill_actors
+from unirl_lightning.workers.calls import (
+    GenerationCall,
+    WorkerSubset,
+    call_every,
+    kill_actors,
+    route,
+    worker_loads,
+)
 from unirl_lightning.workers.cluster import (
     connect_ranks,
     ensure_ray,
@@ -124,7 +135,8 @@ class RolloutWorkerGroup:
                 check_free(num_workers, [{"CPU": float(num_cpus_per_worker)}])
             self._options = [dict(num_cpus=num_cpus_per_worker, num_gpus=0)] * num_workers
         self._actor_args = (engine_config, policy, lora, reward)
-        self._next_worker = 0  # the worker the next small request goes to (round robin)
+        self._next_worker = 0  # where ties between equally loaded workers start (round robin)
+        self._live: weakref.WeakSet[GenerationCall] = weakref.WeakSet()  # calls not yet collected
         self.reward_pool = reward_pool
         self.workers = [self._new_actor(i) for i in range(num_workers)]
         self.num_workers = num_workers
@@ -202,15 +214,20 @@ class RolloutWorkerGroup:
         samples = len(request.records) * request.n
         return self.generation_timeout_s * max(1.0, samples / 1024)
 
+    def loads(self) -> list[int]:
+        """Samples each worker is generating now, over the calls not yet reaped (as last polled)."""
+        return worker_loads(list(self._live), self.num_workers)
+
     def generate(self, request: RolloutRequest) -> GenerationCall:
         parts = request.split(self.num_workers)
-        if len(parts) < self.num_workers:  # a small request (one group): the workers take turns
-            first = self._next_worker
-            self._next_worker = (first + len(parts)) % self.num_workers
-            return GenerationCall(
-                self, [((first + p) % self.num_workers, part) for p, part in enumerate(parts)]
-            )
-        return GenerationCall(self, list(enumerate(parts)))
+        if len(parts) < self.num_workers:  # a small request (a group): to the least-loaded workers
+            workers = route(self.loads(), [len(p.records) * p.n for p in parts], self._next_worker)
+            self._next_worker = (workers[-1] + 1) % self.num_workers
+            call = GenerationCall(self, list(zip(workers, parts)))
+        else:
+            call = GenerationCall(self, list(enumerate(parts)))
+        self._live.add(call)
+        return call
 
     def replace(self, index: int, actor: Any, why: str) -> None:
         """Replace worker ``index`` because it ``why``; a no-op when ``actor`` was replaced already
