@@ -74,6 +74,8 @@ RECIPES = {  # --recipe: the recipe both sides train, and its results file
 
 def recipe_path(cfg: dict[str, Any]) -> Path:
     return common.REPO / "examples" / RECIPES[cfg.get("recipe", "word_problems")][0]
+
+
 GRPO_ADVANTAGE = ["--model.init_args.advantage", "grpo"]
 SYNC = ["--trainer.strategy.init_args.max_staleness", "0", "--trainer.strategy.init_args.max_inflight", "1"]
 RECOMPUTE = ["--model.init_args.old_logprob", "recompute"]
@@ -132,7 +134,13 @@ def child_ours(cfg: dict[str, Any]) -> dict[str, Any]:
 
 def child(cfg: dict[str, Any]) -> dict[str, Any]:
     if cfg["name"] in TRL_SIDES:
-        recipe = ["--config", str(recipe_path(cfg)), "--seed_everything", str(cfg["seed"]), *CONFIGS[cfg["name"]]]
+        recipe = [
+            "--config",
+            str(recipe_path(cfg)),
+            "--seed_everything",
+            str(cfg["seed"]),
+            *CONFIGS[cfg["name"]],
+        ]
         result = smollm2_trl.child_trl(cfg, recipe, START)
     else:
         result = child_ours(cfg)

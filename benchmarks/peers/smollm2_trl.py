@@ -47,7 +47,8 @@ def child_trl(cfg: dict[str, Any], recipe_args: list[str], start: float) -> dict
         head = [{"role": "system", "content": system}] if system else []
         # each row carries its whole record (JSON: reasoning-gym's entry has nested, uneven metadata)
         rows = [
-            {"prompt": [*head, {"role": "user", "content": r["prompt"]}], "record": json.dumps(r)} for r in train
+            {"prompt": [*head, {"role": "user", "content": r["prompt"]}], "record": json.dumps(r)}
+            for r in train
         ]
         parts_log: list[dict[str, float]] = []
 
