@@ -163,7 +163,7 @@ def reasoning_gym_records(
         return LazyRecords(
             name, _dataset(name, num_prompts * SPAN, seed, config or {}), num_prompts, partition
         )
-    draws = num_prompts if partition is None else num_prompts * MAX_DRAWS_PER_RECORD
+    draws = num_prompts * MAX_DRAWS_PER_RECORD  # duplicates and the other partition are skipped
     dataset = _dataset(name, draws, seed, config or {})
     records: list[dict] = []
     seen: set[str] = set()

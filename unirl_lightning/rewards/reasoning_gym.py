@@ -4,23 +4,27 @@ the ``score_answer`` of the dataset the record came from (records of ``data.trai
 
 from __future__ import annotations
 
+import re
 from typing import Any, Literal
 
 from unirl_lightning.rewards.base import Reward
 
 __all__ = ["AnswerFormat", "ReasoningGymReward", "extract"]
 
-AnswerFormat = Literal["answer_tag", "boxed", "last_line", "full"]
+AnswerFormat = Literal["answer_tag", "boxed", "last_line", "last_number", "full"]
 
 
 def extract(completion: str, answer_format: AnswerFormat) -> str | None:
     """The answer a completion gives, or None when it gives none in ``answer_format``:
     ``answer_tag`` (the last ``<answer>...</answer>``, reasoning-gym's own extractor), ``boxed`` (the
-    last ``\\boxed{...}``, math-verify's extractor), ``last_line`` (the last non-empty line) or ``full``
-    (the whole completion, stripped).
+    last ``\\boxed{...}``, math-verify's extractor), ``last_line`` (the last non-empty line),
+    ``last_number`` (the last integer or decimal, as GSM8K-style recipes read a small model's prose)
+    or ``full`` (the whole completion, stripped).
 
     >>> extract("so <answer> -4 </answer>", "answer_tag"), extract("x \\\\boxed{7}", "boxed"), extract("a\\nb\\n", "last_line")
     ('-4', '7', 'b')
+    >>> extract("48 + 16 = 64.", "last_number"), extract("it is -1,250.5 legs", "last_number"), extract("none", "last_number")
+    ('64', '-1250.5', None)
     """
     if answer_format == "answer_tag":
         from reasoning_gym.utils import extract_answer
@@ -31,6 +35,9 @@ def extract(completion: str, answer_format: AnswerFormat) -> str | None:
 
         content = extract_boxed_content(completion)
         return content.strip() if content != completion else None
+    if answer_format == "last_number":
+        numbers = re.findall(r"-?\d[\d,]*(?:\.\d+)?", completion)
+        return numbers[-1].replace(",", "") if numbers else None
     if answer_format == "last_line":
         lines = [line.strip() for line in completion.splitlines() if line.strip()]
         return lines[-1] if lines else None
@@ -42,7 +49,7 @@ class ReasoningGymReward(Reward):
 
     Args:
         answer_format: where the answer is read: ``answer_tag`` (``<answer>...</answer>``), ``boxed``,
-            ``last_line`` or ``full`` (see :func:`extract`). Log the format apart by combining this
+            ``last_line``, ``last_number`` or ``full`` (see :func:`extract`). Log the format apart by combining this
             reward with a :class:`~unirl_lightning.rewards.FormatReward` in a
             :class:`~unirl_lightning.rewards.CombinedReward` (each part is logged as
             ``rollout/reward/<name>_mean``).
