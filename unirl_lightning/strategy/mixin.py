@@ -63,7 +63,12 @@ class RolloutStrategyMixin:
             ``current_version - v <= max_staleness``. 0 = on-policy.
         max_inflight: rollout requests (one training step of prompts each) in flight at once; with
             ``launch_unit="group"`` the same number of steps' prompts, counted in groups
-            (``max_inflight x groups_per_step`` groups in flight across the workers).
+            (``max_inflight x groups_per_step`` groups in flight across the workers, each sent to the
+            least-loaded worker). Size it to what the engines can batch: with continuous batching, a
+            worker holds about ``max_inflight x groups_per_step x num_generations / num_workers`` rows,
+            which should not exceed its ``max_batch_size``; ``max_staleness`` bounds it too (with a sync
+            every step, group ``g`` may not launch before ``g < (trained_steps + max_staleness + 1) x
+            groups_per_step``: ``rollout.controller.admit_groups``).
         num_workers: rollout workers (Ray actors) per training rank, sharing each prompt batch.
         num_cpus_per_worker / num_gpus_per_worker: Ray resources of each worker (a local Ray gets only
             the GPUs the training ranks leave; vLLM's ``tensor_parallel_size`` follows the GPUs).
@@ -83,8 +88,8 @@ class RolloutStrategyMixin:
         interrupt_chunk_tokens: ``sync_mode="interrupt"``: the most new tokens of a sample per
             generation call (the longest a sync waits, in decode steps).
         launch_unit: ``"request"``: one launch is one training step's prompts, reaped whole.
-            ``"group"``: one launch is one prompt's ``num_generations`` samples, sent to the workers in
-            turn and reaped as soon as it finishes, so a step trains the first groups to finish and a
+            ``"group"``: one launch is one prompt's ``num_generations`` samples, sent to the least-loaded
+            worker and reaped as soon as it finishes, so a step trains the first groups to finish and a
             continuously batching engine (``HFEngineConfig(batching="continuous")``) is kept fed; the
             staleness budget is counted in groups (``rollout.controller.admit_groups``).
         weight_sync: ``"auto"`` (the placement's: ``"inprocess"`` for hybrid, else ``"object_store"``),
