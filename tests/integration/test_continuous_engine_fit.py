@@ -3,12 +3,14 @@ the staleness contract holds and the engine's occupancy reaches the logs."""
 
 from __future__ import annotations
 
-from tests.builders import fit_tiny
+import pytest
+
+from tests.builders import fit_tiny, tiny_module
 from unirl_lightning.engines.hf import HFEngineConfig
 from unirl_lightning.strategy import AsyncRolloutStrategy
 
 
-def fit_continuous(tmp_path, max_steps: int, **settings):
+def fit_continuous(tmp_path, max_steps: int, module=None, **settings):
     """A tiny async fit (``max_staleness=1, max_inflight=2``) on continuously batching workers; every
     trained row within the staleness bound."""
     strategy = AsyncRolloutStrategy(
@@ -17,7 +19,7 @@ def fit_continuous(tmp_path, max_steps: int, **settings):
         max_inflight=2,
         **settings,
     )
-    trainer, _, recorder = fit_tiny(tmp_path, max_steps=max_steps, strategy=strategy)
+    trainer, _, recorder = fit_tiny(tmp_path, max_steps=max_steps, strategy=strategy, module=module)
     assert trainer.global_step == max_steps
     for step in recorder.steps:
         assert all(0 <= step["version"] - v <= 1 for v in step["row_versions"]), step
@@ -52,9 +54,37 @@ def test_group_launches_on_two_continuous_workers_keep_the_bound_and_train_each_
 
 
 def test_group_launch_with_interrupts_is_refused_naming_both_keys():
-    import pytest
-
     with pytest.raises(ValueError, match="launch_unit='group' cannot be combined with sync_mode='interrupt'"):
         AsyncRolloutStrategy(launch_unit="group", sync_mode="interrupt")
     with pytest.raises(ValueError, match="launch_unit must be one of"):
         AsyncRolloutStrategy(launch_unit="prompt")
+
+
+@pytest.mark.parametrize("sync_mode", ["continue", "quiesce"])
+def test_weights_pushed_without_draining_continue_the_rows_in_place_within_the_bound(tmp_path, sync_mode):
+    """``sync_mode="continue"``: a sync pushes while groups generate; the rows in flight go on under the
+    new weights, so some trained samples hold tokens of two versions (``rollout/interrupted_samples``),
+    never one older than ``max_staleness`` (the loop raises on such a token). ``quiesce``, the same run
+    otherwise, drains first: no sample spans two versions."""
+    long_rows = tiny_module(max_new_tokens=40)  # rows long enough to be mid-way at a push
+    _, recorder = fit_continuous(
+        tmp_path, 8, long_rows, num_workers=1, num_cpus_per_worker=1, launch_unit="group", sync_mode=sync_mode
+    )
+    metrics = [s["metrics"] for s in recorder.steps]
+    spanning = sum(m.get("rollout/interrupted_samples", 0.0) for m in metrics)
+    assert (spanning > 0) == (sync_mode == "continue"), spanning
+    assert max(m.get("rollout/token_versions_max_spread", 0.0) for m in metrics) <= 1
+
+
+def test_continuing_through_a_push_needs_an_engine_that_loads_between_decode_steps():
+    from unirl_lightning.core.preflight import continue_engine_error, interrupt_placement_error
+
+    assert continue_engine_error("continue", HFEngineConfig(batching="continuous")) is None
+    assert "sync_mode='continue' pushes weights while generation goes on" in continue_engine_error(
+        "continue", HFEngineConfig()
+    )
+    assert "sync_mode='continue' needs placement='separate'" in interrupt_placement_error(
+        "continue", "colocate"
+    )
+    with pytest.raises(ValueError, match="sync_mode must be one of"):
+        AsyncRolloutStrategy(sync_mode="drain")

@@ -18,6 +18,7 @@ __all__ = [
     "SyncMode",
     "LaunchUnit",
     "launch_unit_error",
+    "continue_engine_error",
     "WeightSyncName",
     "WorkerLayout",
     "SHARED_DEVICE_PLACEMENTS",
@@ -69,7 +70,7 @@ MIXED_PRECISIONS = frozenset({"16-mixed", "bf16-mixed", "16", "bf16"})
 LOW_PRECISION_DTYPES = frozenset({"bfloat16", "float16"})
 
 
-SyncMode = Literal["quiesce", "interrupt"]
+SyncMode = Literal["quiesce", "interrupt", "continue"]
 SYNC_MODES = get_args(SyncMode)
 LaunchUnit = Literal["request", "group"]
 LAUNCH_UNITS = get_args(LaunchUnit)
@@ -98,13 +99,26 @@ def interrupt_placement_error(sync_mode: str, placement: str) -> str | None:
     a colocated run is synchronous (nothing is in flight at a sync, there is nothing to interrupt)."""
     if sync_mode not in SYNC_MODES:
         return f"sync_mode must be one of {SYNC_MODES}, got {sync_mode!r}"
-    if sync_mode == "interrupt" and placement != "separate":
+    if sync_mode in ("interrupt", "continue") and placement != "separate":
         return (
-            f"sync_mode='interrupt' needs placement='separate', got placement={placement!r}: interrupted "
-            "requests resume while the trainer trains, so generation needs devices of its own; use "
-            "sync_mode='quiesce' with this placement"
+            f"sync_mode={sync_mode!r} needs placement='separate', got placement={placement!r}: "
+            "generation goes on with new weights while the trainer trains, so it needs devices of its "
+            "own; use sync_mode='quiesce' with this placement"
         )
     return None
+
+
+def continue_engine_error(sync_mode: str, engine: object) -> str | None:
+    """``sync_mode="continue"`` pushes weights while generation goes on, which only an engine that
+    loads between two decode steps (every token keeping its version) may take: today the HF engine
+    with ``batching="continuous"``."""
+    if sync_mode != "continue" or getattr(engine, "loads_in_flight", False):
+        return None
+    return (
+        f"sync_mode='continue' pushes weights while generation goes on, and the engine "
+        f"{type(engine).__name__} does not load between decode steps: use "
+        "engine=HFEngineConfig(batching='continuous') or sync_mode='quiesce'"
+    )
 
 
 def sync_replacement_error(

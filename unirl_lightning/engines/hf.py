@@ -105,6 +105,12 @@ class HFEngineConfig(TorchThreadsEngineConfig):
             raise ValueError(f"HFEngineConfig concurrent_calls={self.concurrent_calls} must be at least 1")
 
     @property
+    def loads_in_flight(self) -> bool:
+        """A weight load may land while rows are generating (between two decode steps, each token
+        keeping its version): ``sync_mode="continue"`` needs it."""
+        return self.batching == "continuous"
+
+    @property
     def max_concurrency(self) -> int:
         """Calls one Ray worker runs at once (its actor's ``max_concurrency``)."""
         return self.concurrent_calls if self.batching == "continuous" else 1

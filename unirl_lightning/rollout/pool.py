@@ -288,17 +288,22 @@ class VersionLedger:
         """Why a push must wait now (the rest of the refusal's message), or None when idle."""
         raise NotImplementedError
 
-    def require_idle(self) -> None:
+    def require_idle(self, in_place: bool = False) -> None:
         """Raise ``RuntimeError`` while work is in flight: a generation must never straddle two weight
-        versions (quiesce first). The check before every push."""
-        why = self._busy()
+        versions (quiesce first). The check before every push.
+
+        ``in_place=True`` (``sync_mode="continue"``) is the one exception, for engines that load
+        between two decode steps and stamp every token with the version that sampled it: the jobs in
+        flight go on through the push under their launch stamps. Every token is at least as new as its
+        job's stamp, so evicting by stamp still bounds the staleness of the oldest token."""
+        why = None if in_place else self._busy()
         if why is not None:
             raise RuntimeError(f"sync_weights refused: {why}")
 
-    def advance_version(self) -> int:
+    def advance_version(self, in_place: bool = False) -> int:
         """Record that the generators now hold the next weights; returns the new version. Call it after
         the push succeeded (a push that raised leaves the version where it was)."""
-        self.require_idle()
+        self.require_idle(in_place)
         self._weight_version += 1
         logger.info("pushed weights to %s: weight_version=%d", self._pushed_to, self._weight_version)
         return self._weight_version

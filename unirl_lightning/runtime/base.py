@@ -15,7 +15,9 @@ What a runtime owns
 Guarantees (every family)
     The workers start from the trainer's weights at the current version (no bump); a replaced
     worker gets the current weights before its lost requests run again; :meth:`sync_weights`
-    quiesces (waits for or aborts everything in flight), pushes and advances the version once;
+    quiesces (waits for or aborts everything in flight; with ``sync_mode="continue"`` generation goes
+    on through the push, on an engine that loads between decode steps), pushes and advances the
+    version once;
     evaluation never pushes and never changes the version.
 """
 
@@ -284,15 +286,19 @@ class RolloutRuntime:
         trainer first frees its cached blocks (and, with ``offload_optimizer``, moves the state of
         ``optimizers`` to the host); the engines then wake in two phases: weights, push, KV cache."""
         ctl = self.controller
+        in_place = self.settings.sync_mode == "continue"  # generation goes on through the push
         start = time.perf_counter()
         with self.timeline.measure("sync/quiesce", cat="sync", version=ctl.weight_version):
-            self._quiesce(ctl)
+            if in_place:
+                ctl.poll()  # reap what finished; the rest goes on through the push
+            else:
+                self._quiesce(ctl)
         quiesce_s = time.perf_counter() - start
         if self.loop is not None:
             self.loop.blocked_s += quiesce_s  # generation the trainer waited for was not hidden
         if after_quiesce is not None:
             after_quiesce()
-        ctl.require_idle()  # a generation must never straddle two weight versions
+        ctl.require_idle(in_place)  # a generation straddles two versions only token by token, in place
         self.workers.ensure_alive(min(30.0, self.settings.generation_timeout_s))  # nothing in flight
         version = ctl.weight_version + 1
         colocate = self.workers.shares_trainer_device
@@ -305,7 +311,7 @@ class RolloutRuntime:
             result = self.weight_sync.push(policy, self.workers, version)
         if colocate:  # the KV cache for the next generation
             self.workers.call("wake", ["kv_cache"])
-        version = ctl.advance_version()  # only after the push succeeded
+        version = ctl.advance_version(in_place)  # only after the push succeeded
         self._after_push(ctl)
         return {
             "sync/time_s": result.time_s,

@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from unirl_lightning.core.preflight import continue_engine_error
 from unirl_lightning.core.seeding import derive_seed
 from unirl_lightning.rollout.controller import BatchRolloutController
 from unirl_lightning.rollout.interrupts import chunked_launch
@@ -63,6 +64,9 @@ class BatchRuntime(RolloutRuntime):
         return self.settings.sync_mode == "interrupt"
 
     def check(self) -> None:
+        error = continue_engine_error(self.settings.sync_mode, self.engine_config())
+        if error is not None:
+            raise ValueError(error)
         if self.interrupts and self.spec.family != "token":
             raise ValueError(
                 f"sync_mode='interrupt' continues token completions from their partial ids, and a "

@@ -114,8 +114,10 @@ class GenerationCall:
     def _launch(self, index: int, request: RolloutRequest) -> CallPart:
         actor = self._group.workers[index]
         launched_at = time.time()
+        group = getattr(self._group, "generate_group", None)  # a threaded worker's generate threads
+        method = actor.generate.options(concurrency_group=group) if group else actor.generate
         return CallPart(
-            index, request, actor, actor.generate.remote(request), time.monotonic(), launched_at=launched_at
+            index, request, actor, method.remote(request), time.monotonic(), launched_at=launched_at
         )
 
     def _relaunch(self, part: CallPart, why: str) -> None:

@@ -63,6 +63,10 @@ __all__ = ["RolloutWorkerGroup", "WorkerSubset"]
 log = logging.getLogger(__name__)
 
 
+GENERATE_GROUP = "generate"  # a threaded worker's concurrency group of generate calls
+CONTROL_THREADS = 2  # its threads for every other call (pushes, health checks, version reads)
+
+
 class RolloutWorkerGroup:
     """``num_workers`` Ray actors, each running an engine built from ``engine_config``.
 
@@ -118,11 +122,20 @@ class RolloutWorkerGroup:
         if num_workers < 1:
             raise ValueError(f"num_workers must be >= 1, got {num_workers}")
         ensure_ray()
-        self._actor_cls = ray.remote(worker_cls)
         threads = getattr(engine_config, "num_threads", None)  # an engine's resolved torch threads
-        # a continuously batching engine takes several calls at once (a threaded actor); others one
+        # a continuously batching engine takes several calls at once (a threaded actor); others one.
+        # Its generate calls run in a concurrency group of their own, so that pushes, health checks
+        # and version reads always find a free thread, however many generate calls wait on their rows.
         concurrency = int(getattr(engine_config, "max_concurrency", 1))
         self._common = dict(runtime_env=worker_runtime_env(runtime_env, threads), max_concurrency=concurrency)
+        self.generate_group: str | None = None
+        if concurrency > 1 and worker_cls is RolloutWorker:  # (an agentic worker's calls all share one pool)
+            self.generate_group = GENERATE_GROUP
+            self._common.update(max_concurrency=CONTROL_THREADS)
+            # concurrency groups are a class option in Ray, not an .options() one
+            self._actor_cls = ray.remote(concurrency_groups={GENERATE_GROUP: concurrency})(worker_cls)
+        else:
+            self._actor_cls = ray.remote(worker_cls)
         self._placement: Any = None
         resources = dict(resources_per_worker or {})
         if num_gpus_per_worker > 0 or resources:  # a placement group per worker, ready or an error
