@@ -9,6 +9,8 @@ from tests.builders import fit_tiny, tiny_module
 from unirl_lightning.engines.hf import HFEngineConfig
 from unirl_lightning.strategy import AsyncRolloutStrategy
 
+pytestmark = pytest.mark.usefixtures("ray_local")  # one Ray for the file (a killed worker frees its CPU late)
+
 
 def fit_continuous(tmp_path, max_steps: int, module=None, **settings):
     """A tiny async fit (``max_staleness=1, max_inflight=2``) on continuously batching workers; every
