@@ -43,6 +43,10 @@ MODES = {
     # ... and every prompt its own launch, reaped as it finishes (launch_unit="group")
     "async_groups": dict(max_staleness=1, max_inflight=2, batching="continuous", launch_unit="group"),
     "async_groups_s2": dict(max_staleness=2, max_inflight=3, batching="continuous", launch_unit="group"),
+    # ... and the weights pushed without draining (rows in flight go on in place)
+    "async_groups_continue": dict(
+        max_staleness=1, max_inflight=2, batching="continuous", launch_unit="group", sync_mode="continue"
+    ),
 }
 
 
@@ -79,7 +83,10 @@ def run_mode(mode: str, config: dict[str, Any]) -> dict[str, Any]:
     meter = Meter(config["warmup"])
     options = dict(MODES[mode])
     engine = HFEngineConfig(
-        batching=options.pop("batching", "static"), max_batch_size=config["batch"] * config["group"]
+        batching=options.pop("batching", "static"),
+        max_batch_size=config["batch"] * config["group"],
+        # group launches: every group in flight (up to max_inflight steps' worth) is a call of its own
+        concurrent_calls=config["batch"] * options.get("max_inflight", 1),
     )
     strategy = AsyncRolloutStrategy(**options, engine=engine, interrupt_chunk_tokens=config["chunk"])
     module = GRPOModule(
@@ -247,6 +254,7 @@ def run(config: dict[str, Any]) -> dict[str, Any]:
         "async_continuous_over_async_quiesce": over("async_continuous", "async_quiesce"),
         "async_continuous_over_sync_continuous": over("async_continuous", "sync_continuous"),
         "async_groups_over_async_quiesce": over("async_groups", "async_quiesce"),
+        "async_groups_continue_over_async_quiesce": over("async_groups_continue", "async_quiesce"),
         "medians": medians,
         "config": config | {"out": None},
     }

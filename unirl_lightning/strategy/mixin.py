@@ -66,7 +66,8 @@ class RolloutStrategyMixin:
             (``max_inflight x groups_per_step`` groups in flight across the workers, each sent to the
             least-loaded worker). Size it to what the engines can batch: with continuous batching, a
             worker holds about ``max_inflight x groups_per_step x num_generations / num_workers`` rows,
-            which should not exceed its ``max_batch_size``; ``max_staleness`` bounds it too (with a sync
+            which should not exceed its ``max_batch_size``, in as many calls (one per group), which
+            its ``concurrent_calls`` should cover (a call past it waits for a free one); ``max_staleness`` bounds it too (with a sync
             every step, group ``g`` may not launch before ``g < (trained_steps + max_staleness + 1) x
             groups_per_step``: ``rollout.controller.admit_groups``).
         num_workers: rollout workers (Ray actors) per training rank, sharing each prompt batch.
@@ -84,7 +85,12 @@ class RolloutStrategyMixin:
             chunks of ``interrupt_chunk_tokens``; a sync ends each at its current chunk, pushes, and
             resumes it as prompt + partial completion with the new weights; every token keeps the
             version that generated it and a sample is trained only while its oldest token is within
-            ``max_staleness``). Agentic modules always abort at a turn boundary.
+            ``max_staleness``) or ``"continue"`` (``placement="separate"``, an engine that loads
+            between decode steps: ``HFEngineConfig(batching="continuous")``: nothing is drained; the
+            push lands between two decode steps and the rows in flight go on under the new weights,
+            each token keeping its version; a group is trained while its launch stamp, which no
+            token is older than, is within ``max_staleness``). Agentic modules always abort at a
+            turn boundary.
         interrupt_chunk_tokens: ``sync_mode="interrupt"``: the most new tokens of a sample per
             generation call (the longest a sync waits, in decode steps).
         launch_unit: ``"request"``: one launch is one training step's prompts, reaped whole.
