@@ -339,5 +339,7 @@ def test_interrupt_needs_placement_separate_and_the_message_names_both_keys() ->
         ValueError, match=r"sync_mode='interrupt' needs placement='separate', got placement='colocate'"
     ):
         rollout_settings(placement="colocate", max_staleness=0, max_inflight=1, sync_mode="interrupt")
-    with pytest.raises(ValueError, match=r"sync_mode must be one of \('quiesce', 'interrupt'\), got 'abort'"):
+    with pytest.raises(
+        ValueError, match=r"sync_mode must be one of \('quiesce', 'interrupt', 'continue'\), got 'abort'"
+    ):
         rollout_settings(sync_mode="abort")
