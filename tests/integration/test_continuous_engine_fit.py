@@ -15,17 +15,30 @@ pytestmark = pytest.mark.usefixtures("ray_local")  # one Ray for the file (a kil
 def fit_continuous(tmp_path, max_steps: int, module=None, **settings):
     """A tiny async fit (``max_staleness=1, max_inflight=2``) on continuously batching workers; every
     trained row within the staleness bound."""
+    settings = {"max_staleness": 1, "max_inflight": 2, **settings}
     strategy = AsyncRolloutStrategy(
         engine=HFEngineConfig(device="cpu", num_threads=1, batching="continuous", max_batch_size=32),
-        max_staleness=1,
-        max_inflight=2,
         **settings,
     )
     trainer, _, recorder = fit_tiny(tmp_path, max_steps=max_steps, strategy=strategy, module=module)
     assert trainer.global_step == max_steps
     for step in recorder.steps:
-        assert all(0 <= step["version"] - v <= 1 for v in step["row_versions"]), step
+        assert all(0 <= step["version"] - v <= settings["max_staleness"] for v in step["row_versions"]), step
     return strategy, recorder
+
+
+def test_max_staleness_0_stays_exactly_on_policy_with_groups_streamed_and_pushes_without_draining(tmp_path):
+    """The streaming configuration (continuous engine, group launches, ``sync_mode="continue"``) at
+    ``max_staleness=0, max_inflight=1``: every row sampled by the weights it is trained against (the
+    engine's log-probs equal the trainer's, ratio 1)."""
+    _, recorder = fit_continuous(
+        tmp_path, 5, tiny_module(max_new_tokens=12), max_staleness=0, max_inflight=1, launch_unit="group",
+        sync_mode="continue", num_workers=1, num_cpus_per_worker=1,
+    )  # fmt: skip
+    for step in recorder.steps:
+        assert set(step["row_versions"]) == {step["version"]}
+        assert abs(step["metrics"]["train/ratio_mean"] - 1.0) < 1e-3
+        assert step["metrics"]["train/logp_diff_abs"] < 1e-4
 
 
 def test_async_fit_on_a_continuously_batching_worker(tmp_path):
