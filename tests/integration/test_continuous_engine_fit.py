@@ -103,3 +103,13 @@ def test_continuing_through_a_push_needs_an_engine_that_loads_between_decode_ste
     )
     with pytest.raises(ValueError, match="sync_mode must be one of"):
         AsyncRolloutStrategy(sync_mode="drain")
+    from types import SimpleNamespace
+
+    from tests.builders import rollout_settings
+    from unirl_lightning.runtime.agentic import AgenticRuntime
+
+    agentic = AgenticRuntime(SimpleNamespace(family="token"), rollout_settings(sync_mode="continue"), None)
+    with pytest.raises(
+        ValueError, match="sync_mode='continue' goes on generating through a push, and an agentic"
+    ):
+        agentic.check()

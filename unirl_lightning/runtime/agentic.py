@@ -30,6 +30,12 @@ class AgenticRuntime(RolloutRuntime):
         self.episodes: WorkerEpisodeCoordinator | None = None
 
     def check(self) -> None:
+        if self.settings.sync_mode == "continue":
+            raise ValueError(
+                "sync_mode='continue' goes on generating through a push, and an agentic module's episodes "
+                "abort at a turn boundary at every sync instead: use sync_mode='quiesce' (the turn-level "
+                "staleness bound is max_turn_staleness)"
+            )
         if self.settings.reward_workers is not None:
             raise ValueError(
                 "reward_workers runs a batch module's reward on actors of its own; an agentic module's "
