@@ -74,6 +74,18 @@ def test_a_bf16_policy_is_served_from_a_cast_copy_and_stays_on_policy(tmp_path):
         strategy.shutdown()
 
 
+def test_group_launches_run_on_the_in_process_engine_on_policy(tmp_path):
+    """``launch_unit="group"`` with ``placement="hybrid"``: the same group interface, each group
+    generated in this process and reaped at once; every step trains ``batch_size`` groups on policy."""
+    strategy = AsyncRolloutStrategy(**HYBRID, launch_unit="group")
+    try:
+        _, _, recorder = fit_tiny(tmp_path, max_steps=3, strategy=strategy)
+        assert [len(step["gen_ids"]) for step in recorder.steps] == [4, 4, 4]
+        assert_on_policy(recorder.steps)
+    finally:
+        strategy.shutdown()
+
+
 def test_agentic_modules_refuse_hybrid_naming_placement():
     from types import SimpleNamespace
 
