@@ -83,6 +83,32 @@ def test_a_killed_worker_is_replaced_and_the_run_finishes_with_nothing_lost(tmp_
         strategy.shutdown()
 
 
+def test_a_worker_killed_mid_stream_under_group_launches_loses_and_repeats_no_group(tmp_path):
+    """The streaming configuration (two continuous workers, group launches, pushes without draining):
+    worker 0 is killed with groups in flight; its groups are relaunched on its replacement, every
+    launched group is trained, evicted (counted) or still held, and none is trained twice."""
+    from unirl_lightning.engines.hf import HFEngineConfig
+
+    strategy = AsyncRolloutStrategy(
+        engine=HFEngineConfig(device="cpu", num_threads=1, batching="continuous", max_batch_size=32),
+        max_staleness=1,
+        max_inflight=2,
+        num_workers=2,
+        num_cpus_per_worker=0.5,
+        launch_unit="group",
+        sync_mode="continue",
+    )
+    killer = SignalWorker(signal.SIGKILL, at_step=2)
+    try:
+        trainer, _, recorder = fit_tiny(tmp_path, max_steps=6, strategy=strategy, extra_callbacks=[killer])
+        assert killer.pid is not None and len(recorder.steps) == 6
+        assert strategy.runtime.workers.restarts == 1
+        assert_nothing_lost(trainer, recorder)
+        assert all(len(s["gen_ids"]) == 4 for s in recorder.steps)
+    finally:
+        strategy.shutdown()
+
+
 def test_a_worker_whose_engine_died_is_replaced_and_the_run_finishes_with_nothing_lost(tmp_path):
     strategy = AsyncRolloutStrategy(max_staleness=1, max_inflight=2, num_workers=1)
     try:
