@@ -25,6 +25,7 @@ FIGURES = {
     "vs_trl_smollm2_natural": "benchmarks.peers.vs_trl_report",
     "smollm2_learning": "benchmarks.peers.smollm2_learning",
     "smollm2_learning_seeds": "benchmarks.peers.smollm2_learning",
+    "smollm2_reasoning_gym": "benchmarks.peers.smollm2_learning",
     "time_to_accuracy": "benchmarks.peers.time_to_accuracy_report",
 }
 
