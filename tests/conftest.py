@@ -18,7 +18,12 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 def ray_local():
     import ray
 
+    from unirl_lightning.workers.cluster import shutdown_ray_if_owned
+
     torch.set_num_threads(1)
+    # a local Ray an earlier test's run started and left (sized to this machine's CPUs): the tests below
+    # assume this one's 16, and a later run's teardown must not stop it
+    shutdown_ray_if_owned()
     if not ray.is_initialized():
         ray.init(num_cpus=16, include_dashboard=False, object_store_memory=256 * 1024**2, log_to_driver=False)
     yield ray

@@ -64,9 +64,10 @@ class BatchRuntime(RolloutRuntime):
         return self.settings.sync_mode == "interrupt"
 
     def check(self) -> None:
-        error = continue_engine_error(self.settings.sync_mode, self.engine_config())
-        if error is not None:
-            raise ValueError(error)
+        if self.settings.sync_mode == "continue":
+            error = continue_engine_error("continue", self.engine_config())
+            if error is not None:
+                raise ValueError(error)
         if self.interrupts and self.spec.family != "token":
             raise ValueError(
                 f"sync_mode='interrupt' continues token completions from their partial ids, and a "
