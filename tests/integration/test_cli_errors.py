@@ -82,6 +82,11 @@ CASES = [
         "trainer.strategy.init_args.engine.init_args.batching: Expected a typing.Literal['static', 'continuous']",
     ),
     (
+        "--trainer.strategy.init_args.sync_mode=continue",
+        "trainer.strategy.init_args: sync_mode='continue' pushes weights while generation goes on, and the "
+        "engine 'hf' does not load between decode steps",
+    ),
+    (
         _engine("vllm.VLLMEngineConfig", gpu_memory_utilization="high"),
         "trainer.strategy.init_args.engine.init_args.gpu_memory_utilization: Expected a <class 'float'>",
     ),

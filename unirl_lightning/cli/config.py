@@ -21,6 +21,7 @@ from lightning.pytorch.callbacks import ModelCheckpoint, ProgressBar
 from unirl_lightning.core.imports import import_callable
 from unirl_lightning.core.preflight import (
     checkpoint_names_error,
+    continue_engine_error,
     hybrid_engine_error,
     recipe_device_errors,
     renamed_by_transformers,
@@ -232,6 +233,14 @@ def check_combinations(config: Any) -> None:
     error = _checkpoint_names_error(config, settings["engine"])
     if error is not None:
         raise ValueError(f"trainer.strategy.init_args.engine: {error}")
+    if settings["sync_mode"] == "continue":  # the engine as the strategy will build it
+        given = trainer.get("strategy").get("init_args")
+        engine = given.get("engine", settings["engine"]) if hasattr(given, "get") else settings["engine"]
+        if hasattr(engine, "get") and engine.get("class_path"):
+            engine = _import_class(engine["class_path"])(**dict(engine.get("init_args") or {}))
+        error = continue_engine_error("continue", engine)
+        if error is not None:
+            raise ValueError(f"trainer.strategy.init_args: {error}")
 
 
 def _checkpoint_names_error(config: Any, engine: Any) -> str | None:

@@ -114,9 +114,10 @@ def continue_engine_error(sync_mode: str, engine: object) -> str | None:
     with ``batching="continuous"``."""
     if sync_mode != "continue" or getattr(engine, "loads_in_flight", False):
         return None
+    name = repr(engine) if isinstance(engine, str) else type(engine).__name__  # a name, or a config
     return (
         f"sync_mode='continue' pushes weights while generation goes on, and the engine "
-        f"{type(engine).__name__} does not load between decode steps: use "
+        f"{name} does not load between decode steps: use "
         "engine=HFEngineConfig(batching='continuous') or sync_mode='quiesce'"
     )
 
