@@ -24,6 +24,8 @@ def ray_local():
     # a local Ray an earlier test's run started and left (sized to this machine's CPUs): the tests below
     # assume this one's 16, and a later run's teardown must not stop it
     shutdown_ray_if_owned()
+    if ray.is_initialized():  # one a bare ray call started with this machine's CPUs
+        ray.shutdown()
     if not ray.is_initialized():
         ray.init(num_cpus=16, include_dashboard=False, object_store_memory=256 * 1024**2, log_to_driver=False)
     yield ray

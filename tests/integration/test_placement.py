@@ -289,3 +289,29 @@ def test_a_local_ray_started_for_gpu_trainers_has_only_their_spare_gpus():
     assert not result["started_on_error"]
     assert result["ray_gpus"] == 4.0 and result["cuda_visible_devices"] == TRAINER_VISIBLE
     _assert_a_worker_group_on_spare_gpus(result)
+
+
+def test_the_pre_check_waits_for_resources_a_stopped_run_is_returning(ray_local):
+    """A killed actor's CPUs come back a moment after the kill: a fit started then (a notebook's second
+    ``fit``) waits for them instead of failing; an ask larger than the whole cluster fails at once."""
+    import threading
+
+    from unirl_lightning.workers.placement import PlacementError, check_free
+
+    total = ray_local.cluster_resources()["CPU"]
+    holder = ray_local.remote(num_cpus=total - 1)(_Holder).remote()
+    ray_local.get(holder.ready.remote())
+    assert ray_local.available_resources().get("CPU", 0.0) < 2
+    threading.Timer(1.5, lambda: ray_local.kill(holder)).start()
+    start = time.monotonic()
+    check_free(2, [{"CPU": 1.0}])
+    assert 1.0 < time.monotonic() - start < 10
+    start = time.monotonic()
+    with pytest.raises(PlacementError, match=r"need CPU=%g \(free " % (total + 1)):
+        check_free(int(total) + 1, [{"CPU": 1.0}])
+    assert time.monotonic() - start < 1
+
+
+class _Holder:
+    def ready(self) -> bool:
+        return True

@@ -18,6 +18,7 @@ import json
 import os
 import socket
 import sys
+import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
@@ -148,12 +149,22 @@ def _free(keys: Sequence[str]) -> dict[str, Any]:
     return free
 
 
-def check_free(num_workers: int, bundles: list[dict[str, float]]) -> None:
-    """Fail at once when Ray has less free (``ray.available_resources()``) than the workers take."""
+def check_free(num_workers: int, bundles: list[dict[str, float]], wait_s: float = 10.0) -> None:
+    """Fail fast when Ray has less free (``ray.available_resources()``) than the workers take.
+
+    Ray returns a killed actor's resources a moment after the kill, so a fit started right after
+    another fit's workers stopped (a notebook's second ``fit``) may see them still held: when the
+    cluster has enough in all, the check looks again for up to ``wait_s`` seconds before it fails.
+    """
     import ray
 
     wanted = wanted_resources(num_workers, bundles)
+    deadline = time.monotonic() + wait_s
     missing = missing_resources(wanted, ray.available_resources())
+    could_free = not missing_resources(wanted, ray.cluster_resources())
+    while missing and could_free and time.monotonic() < deadline:
+        time.sleep(0.25)
+        missing = missing_resources(wanted, ray.available_resources())
     if missing:
         asked = ", ".join(f"{k}={w:g} (free {f:g})" for k, (w, f) in missing.items())
         raise PlacementError(
