@@ -103,10 +103,11 @@ def run_mode(mode: str, config: dict[str, Any]) -> dict[str, Any]:
         lr=3e-3,
     )
     steps = config["steps"] + config["warmup"]
+    evaluator = RolloutEvalCallback(every_n_steps=steps, num_prompts=16)
     trainer = Trainer(
         strategy=strategy,
         max_steps=steps,
-        callbacks=[WeightSyncCallback(), meter, RolloutEvalCallback(every_n_steps=steps, num_prompts=16)],
+        callbacks=[WeightSyncCallback(), meter, evaluator],
         logger=False,
         enable_checkpointing=False,
         enable_progress_bar=False,
@@ -138,7 +139,8 @@ def run_mode(mode: str, config: dict[str, Any]) -> dict[str, Any]:
         "token_staleness": staleness,
         "interrupted_samples_per_step": mean("rollout/interrupted_samples"),
         "interrupted_jobs": interrupted,
-        "eval_accuracy": float(m[-1].get("eval/accuracy", float("nan"))),
+        # the last step's evaluation runs after the meter's snapshot of that step: read its own record
+        "eval_accuracy": evaluator.history[-1]["eval/accuracy"] if evaluator.history else float("nan"),
         "completion_len_mean": sum(meter.lengths) / len(meter.lengths),
         "completion_len_p50": statistics.median(meter.lengths),
         "at_max_new_tokens": sum(n >= config["max_new_tokens"] for n in meter.lengths) / len(meter.lengths),
