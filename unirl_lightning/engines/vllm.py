@@ -129,6 +129,12 @@ class VLLMEngineConfig(EngineConfig):
             set when unset; another value is refused): a weight push hands its tensors to the model as
             they are. None = the strategy decides: True under ``placement="hybrid"`` (where False is
             refused), else the variable decides (vLLM's default: a process of its own).
+        batching: ``"static"`` (the offline ``vllm.LLM``: one blocking ``generate`` per call) or
+            ``"continuous"`` (vLLM's ``AsyncLLM``, engine core in a process of its own: calls that arrive
+            while others run join the running batch, and a weight push pauses the scheduler with
+            ``mode="keep"``, loads, and resumes in place; every token keeps the version vLLM stamped on
+            it: :mod:`~unirl_lightning.engines.vllm_async`). ``sync_mode="continue"`` needs it.
+        concurrent_calls: continuous only: generate calls one Ray worker takes at once.
         engine_kwargs: anything else for ``vllm.LLM(...)`` (wins over the fields above).
         sampling_overrides: extra fields of every request's ``vllm.SamplingParams`` (e.g.
             ``{"presence_penalty": 0.5}``); the fields the engine sets from the module's sampling
@@ -152,12 +158,33 @@ class VLLMEngineConfig(EngineConfig):
     sleep_level: int = 1
     enable_sleep_mode: bool | None = None
     in_process_core: bool | None = None
+    batching: Literal["static", "continuous"] = "static"
+    concurrent_calls: int = 64
     engine_kwargs: dict[str, Any] = field(default_factory=dict)
     sampling_overrides: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         check_sampling_overrides(self.sampling_overrides, OWNED_SAMPLING_FIELDS)
         require_choice("weight_update", self.weight_update, WeightUpdate)
+        require_choice("batching", self.batching, ("static", "continuous"))
+        require_positive("concurrent_calls", self.concurrent_calls)
+        if self.batching == "continuous" and self.in_process_core:
+            raise ValueError(
+                "engine.batching='continuous' runs vLLM's AsyncLLM, whose engine core is a process of its "
+                "own, but engine.in_process_core=True asks for it in this process: leave in_process_core "
+                "unset, or use batching='static'"
+            )
+
+    @property
+    def loads_in_flight(self) -> bool:
+        """A weight load may land while rows are generating (each token keeping the version vLLM
+        stamped on it): ``sync_mode="continue"`` needs it."""
+        return self.batching == "continuous"
+
+    @property
+    def max_concurrency(self) -> int:
+        """Calls one Ray worker runs at once (its generate concurrency group)."""
+        return self.concurrent_calls if self.batching == "continuous" else 1
         require_positive("bucket_mb", self.bucket_mb)
         require_choice("sleep_level", self.sleep_level, (1, 2))
         if self.tensor_parallel_size is not None:
@@ -183,6 +210,12 @@ class VLLMEngineConfig(EngineConfig):
             engine = dataclasses.replace(engine, enable_sleep_mode=settings.shares_trainer_device)
         if settings.in_process and engine.in_process_core is None:
             engine = dataclasses.replace(engine, in_process_core=True)
+        elif settings.in_process and engine.batching == "continuous":
+            raise ValueError(
+                f"placement={settings.placement!r} runs the engine in the training process, but "
+                "engine.batching='continuous' runs vLLM's AsyncLLM with an engine-core process of its own: "
+                "use batching='static' with this placement, or placement='separate'"
+            )
         elif settings.in_process and engine.in_process_core is False:
             raise ValueError(
                 f"placement={settings.placement!r} runs the engine in the training process, but "
@@ -201,6 +234,10 @@ class VLLMEngineConfig(EngineConfig):
         if self.in_process_core:  # before vLLM reads the variable (it does when the engine is created)
             keep_engine_core_in_process()
         import_vllm()
+        if self.batching == "continuous":
+            from unirl_lightning.engines.vllm_async import AsyncVLLMEngine
+
+            return AsyncVLLMEngine(self, policy, lora)
         return VLLMEngine(self, policy, lora)
 
 
@@ -208,7 +245,6 @@ class VLLMEngine(VLLMWeights, RowGeneration):
     """Generates groups with ``vllm.LLM.generate``; see the module docstring for the contract."""
 
     def __init__(self, config: VLLMEngineConfig, policy: PolicySpec, lora: LoraSpec | None) -> None:
-        from vllm import LLM
         from vllm.platforms import current_platform
 
         self.config = config
@@ -239,7 +275,7 @@ class VLLMEngine(VLLMWeights, RowGeneration):
         kwargs = vllm_engine_kwargs(config, served, self.on_cpu, lora, self.sleep_supported)
         if config.in_process_core and not self.on_cpu:
             self._check_in_process_device()
-        self.llm = LLM(**kwargs)
+        self.llm = self._start(kwargs)
         # in-process a bucket is handed over as it is; to vLLM's engine-core process, packed
         self.in_process = type(self.llm.llm_engine.engine_core).__name__ == "InprocClient"
         if config.in_process_core and not self.in_process:
@@ -250,6 +286,12 @@ class VLLMEngine(VLLMWeights, RowGeneration):
                 "environment once an engine has started in this process; set the variable to 0 before the "
                 "first vLLM engine starts"
             )
+
+    def _start(self, kwargs: dict[str, Any]) -> Any:
+        """The running engine: the offline ``vllm.LLM`` (the continuous engine starts ``AsyncLLM``)."""
+        from vllm import LLM
+
+        return LLM(**kwargs)
 
     @staticmethod
     def _check_in_process_device() -> None:

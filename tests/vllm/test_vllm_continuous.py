@@ -1,0 +1,162 @@
+"""vLLM's ``AsyncLLM`` behind the continuous engine (``VLLMEngineConfig(batching="continuous")``; real
+CPU vLLM, its engine core in a process of its own): calls join the running batch, a push pauses the
+scheduler in ``keep`` mode and the requests continue in place with each token stamped by vLLM with the
+version that sampled it; a fit keeps the on-policy pin at ``max_staleness=0`` and the bound with
+``sync_mode="continue"``."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+vllm = pytest.importorskip("vllm", reason="vLLM is not installed (make test-vllm runs these in .venv-vllm)")
+
+from tests.builders import fit_tiny, tiny_module  # noqa: E402
+from tests.vllm.helpers import max_logprob_gap, records, tiny_policy  # noqa: E402
+from unirl_lightning.engines.vllm import VLLMEngineConfig  # noqa: E402
+from unirl_lightning.rollout.records import RolloutRequest, SamplingParams  # noqa: E402
+from unirl_lightning.strategy import AsyncRolloutStrategy  # noqa: E402
+
+pytestmark = pytest.mark.slow
+
+
+def request(gen_id: int, max_new_tokens: int, n: int = 4, seed: int = 1) -> RolloutRequest:
+    return RolloutRequest(
+        gen_id=gen_id,
+        records=records(),
+        n=n,
+        sampling=SamplingParams(max_new_tokens=max_new_tokens, temperature=1.0),
+        seed=seed,
+    )
+
+
+@pytest.fixture(scope="module")
+def engine():
+    built = VLLMEngineConfig(batching="continuous").build(tiny_policy())
+    yield built
+    built.close()
+
+
+def test_the_engine_core_runs_in_a_process_of_its_own_and_calls_share_it(engine):
+    assert not engine.in_process  # pushes go to vLLM's engine-core process packed
+    out: dict[int, list] = {}
+    calls = [
+        threading.Thread(target=lambda i=i: out.setdefault(i, engine.generate(request(i, 8, seed=i))))
+        for i in range(3)
+    ]
+    for call in calls:
+        call.start()
+    for call in calls:
+        call.join()
+    assert sorted(out) == [0, 1, 2]
+    for groups in out.values():
+        assert [len(g) for g in groups] == [4] * len(records())
+        assert all(r.weight_version == 0 and r.token_versions is None for g in groups for r in g)
+    model, _ = tiny_policy().build()
+    gap = max_logprob_gap(model, [g for groups in out.values() for g in groups], 1.0)
+    print(f"continuous vLLM: 3 concurrent calls, log-prob gap to the trainer's recompute {gap:.2e}")
+    assert gap < 1e-4
+    occupancy = engine.occupancy()
+    assert (
+        occupancy["slots"] > 0 and 0 < occupancy["row_seconds"] <= occupancy["slots"] * occupancy["seconds"]
+    )
+    # a seeded call samples the same tokens alone as beside others (per-request seeds)
+    again = engine.generate(request(1, 8, seed=1))
+    assert [r.completion_ids for g in again for r in g] == [r.completion_ids for g in out[1] for r in g]
+
+
+def test_a_push_mid_generation_continues_the_requests_in_place_each_token_keeping_its_version(engine):
+    """The push pauses vLLM's scheduler (``keep``), loads, and resumes: requests in flight hold tokens
+    of both versions, in order; a call after the push is wholly the new version, and its log-probs are
+    the new weights' (the load reached the engine-core process)."""
+    before = engine.weight_version
+    out: dict[str, list] = {}
+    call = threading.Thread(target=lambda: out.setdefault("groups", engine.generate(request(10, 58, seed=3))))
+    call.start()
+    deadline = time.monotonic() + 30
+    while engine._live < 16 and time.monotonic() < deadline:  # every request added
+        time.sleep(0.005)
+    time.sleep(0.02)  # a few tokens each
+    new_model, _ = tiny_policy(seed=5).build()
+    engine.load_weights(list(new_model.state_dict().items()), before + 1)
+    call.join()
+    rows = [r for g in out["groups"] for r in g]
+    spanning = [r for r in rows if r.token_versions is not None]
+    print(
+        f"continuous vLLM push mid-generation: {len(spanning)} of {len(rows)} samples span versions "
+        f"{before} -> {before + 1}; first switch at token "
+        f"{min((r.token_versions.index(before + 1) for r in spanning), default=None)}"
+    )
+    assert spanning, "no request was in flight at the push: it drained instead of continuing"
+    for r in spanning:
+        assert r.token_versions == sorted(r.token_versions)
+        assert set(r.token_versions) == {before, before + 1}
+        assert len(r.token_versions) == len(r.completion_ids)
+        assert r.weight_version == before  # a group is stamped with its oldest token
+    after = engine.generate(request(11, 8, seed=4))
+    assert all(r.weight_version == before + 1 and r.token_versions is None for g in after for r in g)
+    assert max_logprob_gap(new_model, after, 1.0) < 1e-4
+
+
+def test_an_adapter_push_while_requests_run_is_refused(engine):
+    engine._live += 1  # a request in flight (the count the engine keeps)
+    try:
+        with pytest.raises(RuntimeError, match="use sync_mode='quiesce' with LoRA"):
+            engine._load_lora([], engine.weight_version + 1)
+    finally:
+        engine._live -= 1
+
+
+def test_continuous_batching_is_refused_where_the_engine_core_must_share_the_process():
+    with pytest.raises(ValueError, match="engine.batching='continuous' runs vLLM's AsyncLLM"):
+        VLLMEngineConfig(batching="continuous", in_process_core=True)
+    with pytest.raises(ValueError, match="batching must be one of"):
+        VLLMEngineConfig(batching="paged")
+
+
+def streaming_fit(tmp_path, max_steps: int, max_staleness: int, max_new_tokens: int):
+    strategy = AsyncRolloutStrategy(
+        engine=VLLMEngineConfig(batching="continuous"),
+        max_staleness=max_staleness,
+        max_inflight=max(1, max_staleness + 1),
+        launch_unit="group",
+        sync_mode="continue",
+    )
+    try:
+        _, _, recorder = fit_tiny(
+            tmp_path, max_steps=max_steps, strategy=strategy,
+            module=tiny_module(policy=tiny_policy(), max_new_tokens=max_new_tokens),
+        )  # fmt: skip
+    finally:
+        strategy.shutdown()
+    assert len(recorder.steps) == max_steps
+    return recorder
+
+
+@pytest.mark.usefixtures("ray_local")
+def test_streaming_on_vllm_stays_exactly_on_policy_at_max_staleness_0(tmp_path):
+    recorder = streaming_fit(tmp_path, 4, 0, 12)
+    ratios = [step["metrics"]["train/ratio_mean"] for step in recorder.steps]
+    gaps = [step["metrics"]["train/logp_diff_abs"] for step in recorder.steps]
+    print(
+        f"continuous vLLM, groups, continue: ratio_mean in [{min(ratios):.6f}, {max(ratios):.6f}], gap <= {max(gaps):.2e}"
+    )
+    for step in recorder.steps:
+        assert set(step["row_versions"]) == {step["version"]}
+        assert abs(step["metrics"]["train/ratio_mean"] - 1.0) < 1e-3
+        assert step["metrics"]["train/logp_diff_abs"] < 1e-4
+
+
+@pytest.mark.usefixtures("ray_local")
+def test_streaming_on_vllm_pushes_in_flight_with_token_versions_within_the_bound(tmp_path):
+    recorder = streaming_fit(tmp_path, 6, 1, 40)
+    metrics = [step["metrics"] for step in recorder.steps]
+    spanning = sum(m.get("rollout/interrupted_samples", 0.0) for m in metrics)
+    occupancy = [m["rollout/engine_occupancy"] for m in metrics if "rollout/engine_occupancy" in m]
+    print(f"continuous vLLM, continue: {spanning:.0f} samples spanned a push; occupancy {occupancy}")
+    for step in recorder.steps:
+        assert all(0 <= step["version"] - v <= 1 for v in step["row_versions"]), step
+    assert max(m.get("rollout/token_versions_max_spread", 0.0) for m in metrics) <= 1
+    assert occupancy and all(0 < o <= 1 for o in occupancy)
