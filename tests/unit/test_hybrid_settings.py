@@ -191,6 +191,10 @@ def test_hybrid_runs_vllms_engine_core_in_process_with_sleep_mode_and_refuses_a_
         ValueError, match=r"placement='hybrid' .* engine.in_process_core=False .* process of its own"
     ):
         hybrid_engine_config(VLLMEngineConfig(in_process_core=False))
+    with pytest.raises(
+        ValueError, match=r"placement='hybrid' .*engine.batching='continuous' runs vLLM's AsyncLLM"
+    ):
+        hybrid_engine_config(VLLMEngineConfig(batching="continuous"))
     assert not hasattr(hybrid_engine_config("hf"), "in_process_core")
 
 

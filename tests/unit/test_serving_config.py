@@ -42,6 +42,18 @@ def test_bad_weight_update_and_sleep_level_are_rejected():
         VLLMEngineConfig(sleep_level=3)
 
 
+def test_continuous_vllm_needs_its_engine_core_in_a_process_of_its_own_and_a_known_batching():
+    assert VLLMEngineConfig(batching="continuous").loads_in_flight
+    assert VLLMEngineConfig(batching="continuous", concurrent_calls=5).max_concurrency == 5
+    assert not VLLMEngineConfig().loads_in_flight and VLLMEngineConfig().max_concurrency == 1
+    with pytest.raises(ValueError, match="engine.batching='continuous' runs vLLM's AsyncLLM"):
+        VLLMEngineConfig(batching="continuous", in_process_core=True)
+    with pytest.raises(ValueError, match=r"batching must be one of \('static', 'continuous'\), got 'paged'"):
+        VLLMEngineConfig(batching="paged")
+    with pytest.raises(ValueError, match="concurrent_calls must be > 0, got 0"):
+        VLLMEngineConfig(batching="continuous", concurrent_calls=0)
+
+
 def test_buckets_never_split_a_layer_and_keep_every_tensor_once():
     model, _ = TinyCausalLM(num_layers=3).build()
     tensors = list(model.state_dict().items())

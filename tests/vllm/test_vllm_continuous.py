@@ -109,13 +109,6 @@ def test_an_adapter_push_while_requests_run_is_refused(engine):
         engine._live -= 1
 
 
-def test_continuous_batching_is_refused_where_the_engine_core_must_share_the_process():
-    with pytest.raises(ValueError, match="engine.batching='continuous' runs vLLM's AsyncLLM"):
-        VLLMEngineConfig(batching="continuous", in_process_core=True)
-    with pytest.raises(ValueError, match="batching must be one of"):
-        VLLMEngineConfig(batching="paged")
-
-
 def streaming_fit(tmp_path, max_steps: int, max_staleness: int, max_new_tokens: int):
     strategy = AsyncRolloutStrategy(
         engine=VLLMEngineConfig(batching="continuous"),

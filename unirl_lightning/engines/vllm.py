@@ -168,6 +168,10 @@ class VLLMEngineConfig(EngineConfig):
         require_choice("weight_update", self.weight_update, WeightUpdate)
         require_choice("batching", self.batching, ("static", "continuous"))
         require_positive("concurrent_calls", self.concurrent_calls)
+        require_positive("bucket_mb", self.bucket_mb)
+        require_choice("sleep_level", self.sleep_level, (1, 2))
+        if self.tensor_parallel_size is not None:
+            require_positive("tensor_parallel_size", self.tensor_parallel_size)
         if self.batching == "continuous" and self.in_process_core:
             raise ValueError(
                 "engine.batching='continuous' runs vLLM's AsyncLLM, whose engine core is a process of its "
@@ -185,10 +189,6 @@ class VLLMEngineConfig(EngineConfig):
     def max_concurrency(self) -> int:
         """Calls one Ray worker runs at once (its generate concurrency group)."""
         return self.concurrent_calls if self.batching == "continuous" else 1
-        require_positive("bucket_mb", self.bucket_mb)
-        require_choice("sleep_level", self.sleep_level, (1, 2))
-        if self.tensor_parallel_size is not None:
-            require_positive("tensor_parallel_size", self.tensor_parallel_size)
 
     def validate(self, policy: PolicySpec, lora: LoraSpec | None) -> None:
         error = sleep_level_error(self.sleep_level, lora is not None, 1)
@@ -208,14 +208,14 @@ class VLLMEngineConfig(EngineConfig):
         engine = self
         if engine.enable_sleep_mode is None:
             engine = dataclasses.replace(engine, enable_sleep_mode=settings.shares_trainer_device)
-        if settings.in_process and engine.in_process_core is None:
-            engine = dataclasses.replace(engine, in_process_core=True)
-        elif settings.in_process and engine.batching == "continuous":
+        if settings.in_process and engine.batching == "continuous":
             raise ValueError(
                 f"placement={settings.placement!r} runs the engine in the training process, but "
                 "engine.batching='continuous' runs vLLM's AsyncLLM with an engine-core process of its own: "
                 "use batching='static' with this placement, or placement='separate'"
             )
+        if settings.in_process and engine.in_process_core is None:
+            engine = dataclasses.replace(engine, in_process_core=True)
         elif settings.in_process and engine.in_process_core is False:
             raise ValueError(
                 f"placement={settings.placement!r} runs the engine in the training process, but "

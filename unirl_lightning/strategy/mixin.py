@@ -86,7 +86,7 @@ class RolloutStrategyMixin:
             resumes it as prompt + partial completion with the new weights; every token keeps the
             version that generated it and a sample is trained only while its oldest token is within
             ``max_staleness``) or ``"continue"`` (``placement="separate"``, an engine that loads
-            between decode steps: ``HFEngineConfig(batching="continuous")``: nothing is drained; the
+            between decode steps: ``batching="continuous"`` on HF or vLLM): nothing is drained; the
             push lands between two decode steps and the rows in flight go on under the new weights,
             each token keeping its version; a group is trained while its launch stamp, which no
             token is older than, is within ``max_staleness``). Agentic modules always abort at a
@@ -96,7 +96,7 @@ class RolloutStrategyMixin:
         launch_unit: ``"request"``: one launch is one training step's prompts, reaped whole.
             ``"group"``: one launch is one prompt's ``num_generations`` samples, sent to the least-loaded
             worker and reaped as soon as it finishes, so a step trains the first groups to finish and a
-            continuously batching engine (``HFEngineConfig(batching="continuous")``) is kept fed; the
+            continuously batching engine (``batching="continuous"``, HF or vLLM) is kept fed; the
             staleness budget is counted in groups (``rollout.controller.admit_groups``).
         weight_sync: ``"auto"`` (the placement's: ``"inprocess"`` for hybrid, else ``"object_store"``),
             ``"object_store"``, ``"collective"`` (Ray workers), ``"inprocess"`` (hybrid only: the
