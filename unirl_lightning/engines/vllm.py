@@ -25,6 +25,7 @@ live in-process engine per process and ``close()`` it before starting another.
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import logging
 import os
 import shutil
@@ -234,10 +235,9 @@ class VLLMEngineConfig(EngineConfig):
         if self.in_process_core:  # before vLLM reads the variable (it does when the engine is created)
             keep_engine_core_in_process()
         import_vllm()
-        if self.batching == "continuous":
-            from unirl_lightning.engines.vllm_async import AsyncVLLMEngine
-
-            return AsyncVLLMEngine(self, policy, lora)
+        if self.batching == "continuous":  # a VLLMEngine subclass, found by module name as ENGINES are
+            module = importlib.import_module("unirl_lightning.engines.vllm_async")
+            return module.AsyncVLLMEngine(self, policy, lora)
         return VLLMEngine(self, policy, lora)
 
 

@@ -125,7 +125,7 @@ def token_versions(spans: Iterable[Any] | None, num_tokens: int, default: int) -
 
     >>> from types import SimpleNamespace as S
     >>> token_versions([S(version="3", start=0, end=2), S(version="4", start=2, end=5)], 5, 0)
-    [3, 3, 3, 4, 4]
+    [3, 3, 4, 4, 4]
     >>> token_versions(None, 2, 7)
     [7, 7]
     """
