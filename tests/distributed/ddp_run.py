@@ -172,6 +172,11 @@ def main() -> None:
         "--weight-sync", choices=["object_store", "collective", "inprocess"], default="object_store"
     )
     parser.add_argument("--placement", choices=["separate", "hybrid"], default="separate")
+    parser.add_argument(
+        "--streaming",
+        action="store_true",
+        help="group launches into a continuous HF engine, sync_mode continue",
+    )
     parser.add_argument("--timeout-s", type=float, default=1800.0, help="the process group's timeout")
     parser.add_argument("--kill-worker-rank", type=int, default=None)
     parser.add_argument("--kill-at-step", type=int, default=2)
@@ -193,6 +198,14 @@ def main() -> None:
         placement=args.placement,
         timeout_s=args.timeout_s,
     )
+    if args.streaming:
+        from unirl_lightning.engines.hf import HFEngineConfig
+
+        settings.update(
+            launch_unit="group",
+            sync_mode="continue",
+            engine=HFEngineConfig(device="cpu", num_threads=1, batching="continuous", max_batch_size=32),
+        )
     if args.parallel == "fsdp" and args.weight_sync == "collective":
         settings["max_worker_restarts"] = 0  # a replacement under FSDP needs object_store (it re-sends)
     if args.parallel == "ddp":

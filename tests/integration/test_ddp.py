@@ -151,6 +151,29 @@ def test_a_killed_worker_of_rank_1_under_fsdp_gets_the_kept_push_and_the_run_fin
     assert ranks[0]["checksum"] == ranks[1]["checksum"]
 
 
+def test_two_ranks_streaming_groups_lose_and_repeat_no_prompt_when_a_worker_of_rank_1_dies(tmp_path):
+    """Group launches into a continuously batching engine, pushes without draining, on 2 DDP ranks;
+    rank 1's worker SIGKILLed at step 2: its groups in flight are relaunched on the replacement, and
+    across both ranks no prompt is trained twice, every trained row is within the bound, and both
+    ranks' workers end on the trainer's weights."""
+    kill = ["--kill-worker-rank", "1", "--kill-at-step", "2"]
+    ranks = run_two_ranks(tmp_path, "async", 5, None, "ddp", "--streaming", *kill)
+    restarts = [[step["worker_restarts"] for step in rank["steps"]] for rank in ranks]
+    assert set(restarts[0]) == {0.0} and restarts[1][-1] == 1.0, restarts
+    for rank in ranks:
+        assert len(rank["steps"]) == 5
+        staleness = [s["version"] - v for s in rank["steps"] for v in s["row_versions"]]
+        assert 0 <= min(staleness) and max(staleness) <= 1, staleness
+        trained = [g for s in rank["steps"] for g in s["gen_ids"]]
+        assert len(trained) == len(set(trained)), "a group was trained twice"
+        assert len(trained) == 5 * 4, "each step trains batch_size groups (one prompt per gen_id)"
+        assert set(trained) | set(rank["evicted"]) | set(rank["untrained"]) <= set(range(rank["next_gen_id"]))
+        assert rank["workers_equal"]
+    trained = prompts(ranks)
+    assert len(trained) == len(set(trained)), "a prompt was trained twice across ranks"
+    assert ranks[0]["checksum"] == ranks[1]["checksum"]
+
+
 def marked_processes(marker: str) -> list[psutil.Process]:
     """Live processes whose environment carries ``RUN_MARKER=marker``."""
     found = []
