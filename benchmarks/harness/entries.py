@@ -155,6 +155,20 @@ ENTRIES: list[Entry] = [
         "held-out accuracy of the tiny recipe, quiesce vs interrupt, over seeds",
         smoke=("--seeds", "0", "--max-steps", "2", "--modes", "interrupt"),
     ),
+    Entry(
+        "engine_step_cost",
+        "performance",
+        "seconds",
+        "the continuous HF engine's decode-step cost against rows and context (the simulator's engine costs here)",
+        smoke=("--rows", "1", "8", "--tokens", "4", "--rounds", "1"),
+    ),
+    Entry(
+        "staleness_learning",
+        "performance",
+        "minutes",
+        "held-out accuracy against steps and wall time: sync vs max_staleness 1/2/4 with decoupled PPO",
+        smoke=("--seeds", "0", "--max-steps", "2", "--modes", "stale2"),
+    ),
     # -- peers -------------------------------------------------------------------------------------
     Entry(
         "vs_trl",

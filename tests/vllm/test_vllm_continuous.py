@@ -76,7 +76,7 @@ def test_a_push_mid_generation_continues_the_requests_in_place_each_token_keepin
     call = threading.Thread(target=lambda: out.setdefault("groups", engine.generate(request(10, 58, seed=3))))
     call.start()
     deadline = time.monotonic() + 30
-    while engine._live < 16 and time.monotonic() < deadline:  # every request added
+    while engine.rows.live < 16 and time.monotonic() < deadline:  # every request added
         time.sleep(0.005)
     time.sleep(0.02)  # a few tokens each
     new_model, _ = tiny_policy(seed=5).build()
@@ -101,12 +101,12 @@ def test_a_push_mid_generation_continues_the_requests_in_place_each_token_keepin
 
 
 def test_an_adapter_push_while_requests_run_is_refused(engine):
-    engine._live += 1  # a request in flight (the count the engine keeps)
+    engine.rows.add(+1)  # a request in flight (the count the engine keeps)
     try:
         with pytest.raises(RuntimeError, match="use sync_mode='quiesce' with LoRA"):
             engine._load_lora([], engine.weight_version + 1)
     finally:
-        engine._live -= 1
+        engine.rows.add(-1)
 
 
 def streaming_fit(tmp_path, max_steps: int, max_staleness: int, max_new_tokens: int):

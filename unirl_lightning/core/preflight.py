@@ -110,16 +110,16 @@ def interrupt_placement_error(sync_mode: str, placement: str) -> str | None:
 
 def continue_engine_error(sync_mode: str, engine: object) -> str | None:
     """``sync_mode="continue"`` pushes weights while generation goes on, which only an engine that
-    loads between two decode steps (every token keeping its version) may take: the HF and vLLM
-    engines with ``batching="continuous"``."""
+    loads between two decode steps (every token keeping its version) may take: the HF, vLLM and
+    SGLang engines with ``batching="continuous"``."""
     if sync_mode != "continue" or getattr(engine, "loads_in_flight", False):
         return None
     name = repr(engine) if isinstance(engine, str) else type(engine).__name__  # a name, or a config
     return (
         f"sync_mode='continue' pushes weights while generation goes on, and the engine "
         f"{name} does not load between decode steps: use "
-        "engine=HFEngineConfig(batching='continuous'), engine=VLLMEngineConfig(batching='continuous') or "
-        "sync_mode='quiesce'"
+        "an engine config with batching='continuous' (HFEngineConfig, VLLMEngineConfig or SGLangEngineConfig) "
+        "or sync_mode='quiesce'"
     )
 
 

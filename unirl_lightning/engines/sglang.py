@@ -22,8 +22,9 @@ Guarantees, beyond the contract:
 * **Multi-turn** (agentic episodes): ``generate_ids`` takes token ids (every episode's whole context
   so far) and returns one sample per row with the same log-prob and stop rules; ``generate`` is
   ``generate_ids`` over each record's ``n`` copies of its prompt.
-* **Full-weight updates**: generation is paused (``pause_generation(mode="retract")``), the tensors go
-  through ``Engine.update_weights_from_tensor`` in buckets of at most ``bucket_mb`` (a decoder layer is
+* **Full-weight updates**: generation is paused (``pause_generation(mode="retract")``), and inside one
+  weight-update session (``begin_weight_update`` .. ``end_weight_update``, which SGLang 0.5.23 requires)
+  the tensors go through ``Engine.update_weights_from_tensor`` in buckets of at most ``bucket_mb`` (a decoder layer is
   never split; on CUDA each bucket is moved to the GPU first, so SGLang receives it by CUDA IPC), the
   radix (prefix) cache is flushed with the last bucket, and generation continues. The worker does not
   generate while it loads (one call at a time), so the pause is a guard, not a drain.
@@ -44,6 +45,7 @@ it. SGLang has no CPU build on PyPI: its tests are in ``tests/gpu`` (``@pytest.m
 
 from __future__ import annotations
 
+import importlib
 import logging
 import os
 import shutil
@@ -52,11 +54,11 @@ import weakref
 from collections.abc import Iterable
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 import torch
 
-from unirl_lightning.core.checks import require_in_range, require_positive
+from unirl_lightning.core.checks import require_choice, require_in_range, require_positive
 from unirl_lightning.core.seeding import derive_seeds
 from unirl_lightning.engines.base import (
     EngineConfig,
@@ -77,7 +79,14 @@ from unirl_lightning.models.lora import LoraSpec, is_lora_push
 from unirl_lightning.rollout.records import FinishReason, SamplingParams
 from unirl_lightning.weight_sync.buckets import weight_buckets
 
-__all__ = ["SGLangEngine", "SGLangEngineConfig", "import_sglang", "sglang_sampling_params"]
+__all__ = [
+    "SGLangEngine",
+    "SGLangEngineConfig",
+    "import_sglang",
+    "sglang_completion",
+    "sglang_sampling_params",
+    "weight_update_session",
+]
 
 log = logging.getLogger(__name__)
 
@@ -149,6 +158,10 @@ class SGLangEngineConfig(EngineConfig):
         sampling_overrides: extra SGLang sampling parameters of every request (e.g.
             ``{"presence_penalty": 0.5}``); the ones the engine sets from the module's sampling are
             refused.
+        batching: ``"static"`` (one blocking ``Engine.generate`` per call) or ``"continuous"`` (calls
+            join SGLang's running batch and a push pauses it in place: see
+            :mod:`~unirl_lightning.engines.sglang_async`). ``sync_mode="continue"`` needs it.
+        concurrent_calls: continuous only: generate calls one Ray worker takes at once.
 
     Example::
 
@@ -165,11 +178,26 @@ class SGLangEngineConfig(EngineConfig):
     enable_memory_saver: bool = False
     engine_kwargs: dict[str, Any] = field(default_factory=dict)
     sampling_overrides: dict[str, Any] = field(default_factory=dict)
+    batching: Literal["static", "continuous"] = "static"
+    concurrent_calls: int = 64
 
     def __post_init__(self) -> None:
         check_sampling_overrides(self.sampling_overrides, OWNED_SAMPLING_KEYS)
         require_positive("bucket_mb", self.bucket_mb)
         require_in_range("mem_fraction_static", self.mem_fraction_static, 0, 1, low_open=True, high_open=True)
+        require_choice("batching", self.batching, ("static", "continuous"))
+        require_positive("concurrent_calls", self.concurrent_calls)
+
+    @property
+    def loads_in_flight(self) -> bool:
+        """Whether weights can land while rows are mid-generation (they continue in place):
+        ``sync_mode="continue"`` needs it."""
+        return self.batching == "continuous"
+
+    @property
+    def max_concurrency(self) -> int:
+        """Calls one Ray worker runs at once (its actor's ``max_concurrency``)."""
+        return self.concurrent_calls if self.batching == "continuous" else 1
 
     def build(self, policy: PolicySpec, lora: LoraSpec | None = None) -> SGLangEngine:
         if os.environ.get("SGLANG_RETURN_ORIGINAL_LOGPROB", "").lower() in ("1", "true", "yes"):
@@ -178,6 +206,9 @@ class SGLangEngineConfig(EngineConfig):
                 "the temperature-scaled ones the trainer recomputes; unset it"
             )
         import_sglang()
+        if self.batching == "continuous":  # an SGLangEngine subclass, found by module name as ENGINES are
+            module = importlib.import_module("unirl_lightning.engines.sglang_async")
+            return module.AsyncSGLangEngine(self, policy, lora)
         return SGLangEngine(self, policy, lora)
 
 
@@ -218,8 +249,6 @@ class SGLangEngine(RowGeneration):
     """Generates groups with ``sglang.Engine.generate``; see the module docstring for the contract."""
 
     def __init__(self, config: SGLangEngineConfig, policy: PolicySpec, lora: LoraSpec | None) -> None:
-        import sglang
-
         self.config = config
         self.lora = lora
         self.policy = policy
@@ -232,8 +261,13 @@ class SGLangEngine(RowGeneration):
         served = materialize_policy(policy, self._tmp)
         check_checkpoint_names(served, "sglang")
         self.model_path, self.tokenizer = served.path, served.tokenizer
-        kwargs = sglang_engine_kwargs(config, served, lora)
-        self.engine = sglang.Engine(**kwargs)
+        self.engine = self._start(sglang_engine_kwargs(config, served, lora))
+
+    def _start(self, kwargs: dict[str, Any]) -> Any:
+        """The ``sglang.Engine``; the continuous engine creates it on a loop thread instead."""
+        import sglang
+
+        return sglang.Engine(**kwargs)
 
     # -- weights ---------------------------------------------------------------------------------
     @contextmanager
@@ -257,22 +291,25 @@ class SGLangEngine(RowGeneration):
                 "got LoRA adapter tensors but this engine was built without a LoraSpec (the module's lora "
                 "is None)"
             )
-        with self.paused():
+        with self.paused():  # the version is set before generation continues under it
             if lora:
                 self._load_lora(items, weight_version)
             else:
                 self._load_full(items)
-        self.weight_version = weight_version
+            self.weight_version = weight_version
 
-    def _load_full(self, items: list[tuple[str, torch.Tensor]]) -> None:
+    def _load_full(self, items: list[tuple[str, torch.Tensor]], flush_cache: bool = True) -> None:
+        """The buckets inside one weight-update session (SGLang >= 0.5.23 refuses a tensor update
+        outside ``begin_weight_update()`` .. ``end_weight_update()``), the cache flushed with the last."""
         device = "cuda" if torch.cuda.is_available() else "cpu"
         buckets = list(weight_buckets(items, int(self.config.bucket_mb * 1024**2), whole_layers=True))
-        for index, bucket in enumerate(buckets):
-            moved = [(name, t.to(device, non_blocking=True)) for name, t in bucket]
-            result = self.engine.update_weights_from_tensor(
-                named_tensors=moved, flush_cache=index == len(buckets) - 1
-            )
-            _check(result, f"update_weights_from_tensor (bucket {index + 1}/{len(buckets)})")
+        with weight_update_session(self.engine):
+            for index, bucket in enumerate(buckets):
+                moved = [(name, t.to(device, non_blocking=True)) for name, t in bucket]
+                result = self.engine.update_weights_from_tensor(
+                    named_tensors=moved, flush_cache=flush_cache and index == len(buckets) - 1
+                )
+                _check(result, f"update_weights_from_tensor (bucket {index + 1}/{len(buckets)})")
 
     def _load_lora(self, items: list[tuple[str, torch.Tensor]], weight_version: int) -> None:
         tensors = {name: t.detach().contiguous() for name, t in items}
@@ -329,10 +366,10 @@ class SGLangEngine(RowGeneration):
         outputs = self.engine.generate(
             input_ids=prompt_ids, sampling_params=params, return_logprob=True, **kwargs
         )
-        return [_completion(output, stop_ids) for output in outputs]
+        return [sglang_completion(output, stop_ids) for output in outputs]
 
 
-def _completion(output: dict[str, Any], stop_ids: list[int]) -> tuple[list[int], list[float], str]:
+def sglang_completion(output: dict[str, Any], stop_ids: list[int]) -> tuple[list[int], list[float], str]:
     """(token ids, their log-probs, finish reason) of one SGLang output, cut after the first stop token."""
     meta = output["meta_info"]
     pairs = [(int(token), float(logprob)) for logprob, token, *_ in meta["output_token_logprobs"]]
@@ -343,6 +380,22 @@ def _completion(output: dict[str, Any], stop_ids: list[int]) -> tuple[list[int],
     tokens, trimmed = trim_at_stop([token for token, _ in pairs], stop_ids)
     kind = "stop" if trimmed == "stop" else kind  # SGLang's own "stop" (a stop string) stays one
     return tokens, [lp for _, lp in pairs[: len(tokens)]], kind
+
+
+@contextmanager
+def weight_update_session(engine: Any):
+    """SGLang's weight-update session around a push (``begin_weight_update`` / ``end_weight_update``,
+    closed even when a bucket fails); nothing on a version without sessions."""
+    if not hasattr(engine, "begin_weight_update"):
+        yield
+        return
+    _check(engine.begin_weight_update(), "begin_weight_update")
+    try:
+        yield
+    except BaseException:
+        engine.end_weight_update()  # closed; the bucket's error is the one raised
+        raise
+    _check(engine.end_weight_update(), "end_weight_update")
 
 
 def _check(result: Any, what: str) -> None:

@@ -34,40 +34,25 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-import threading
-import time
 import uuid
-from collections.abc import Coroutine, Iterable
-from contextlib import contextmanager
+from collections.abc import Iterable
 from typing import Any
 
 import torch
 
 from unirl_lightning.core.seeding import derive_seeds
-from unirl_lightning.engines.base import make_group
+from unirl_lightning.engines.streaming import (
+    EventLoopThread,
+    NestedPause,
+    RowCounter,
+    Sample,
+    token_versions,
+    versioned_groups,
+)
 from unirl_lightning.engines.vllm import VLLMEngine
 from unirl_lightning.rollout.records import FinishReason, Rollout, RolloutRequest, SamplingParams
 
-__all__ = ["AsyncVLLMEngine", "EventLoopThread", "SyncAsyncLLM", "token_versions"]
-
-Sample = tuple[list[int], list[float], FinishReason, list[int]]
-
-
-class EventLoopThread:
-    """An asyncio loop running on a daemon thread of its own; :meth:`run` waits for a coroutine there."""
-
-    def __init__(self, name: str = "vllm-async-loop") -> None:
-        self.loop = asyncio.new_event_loop()
-        self.thread = threading.Thread(target=self.loop.run_forever, name=name, daemon=True)
-        self.thread.start()
-
-    def run(self, coro: Coroutine[Any, Any, Any], timeout: float | None = None) -> Any:
-        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
-
-    def close(self) -> None:
-        if self.loop.is_running():
-            self.loop.call_soon_threadsafe(self.loop.stop)
-        self.thread.join(timeout=10)
+__all__ = ["AsyncVLLMEngine", "SyncAsyncLLM"]
 
 
 class SyncAsyncLLM:
@@ -118,27 +103,6 @@ class SyncAsyncLLM:
             self.loop.close()
 
 
-def token_versions(spans: Iterable[Any] | None, num_tokens: int, default: int) -> list[int]:
-    """One weight version per output token from vLLM's ``weight_versions`` spans (``[start, end)``
-    sampled under ``version``, a string we set from an int); ``default`` for every token when vLLM
-    reported no spans.
-
-    >>> from types import SimpleNamespace as S
-    >>> token_versions([S(version="3", start=0, end=2), S(version="4", start=2, end=5)], 5, 0)
-    [3, 3, 4, 4, 4]
-    >>> token_versions(None, 2, 7)
-    [7, 7]
-    """
-    if not spans:
-        return [default] * num_tokens
-    versions: list[int] = []
-    for span in spans:
-        versions += [int(span.version)] * (int(span.end) - int(span.start))
-    if len(versions) != num_tokens:
-        raise RuntimeError(f"vLLM's weight-version spans cover {len(versions)} tokens of {num_tokens}")
-    return versions
-
-
 class AsyncVLLMEngine(VLLMEngine):
     """:class:`~unirl_lightning.engines.vllm.VLLMEngine` on vLLM's ``AsyncLLM``; see the module docstring."""
 
@@ -148,13 +112,8 @@ class AsyncVLLMEngine(VLLMEngine):
 
         self._ids = itertools.count()
         self._prefix = uuid.uuid4().hex[:8]
-        self._pauses = 0  # nested pushes (a streamed push: begin .. finish)
-        self._pause_lock = threading.Lock()
-        self._count_lock = threading.Lock()
-        self._live = 0
-        self._row_seconds = 0.0
-        self._counted_at = self._started = time.perf_counter()
-        self.loop = EventLoopThread()
+        self._pause = NestedPause(self._pause_engine, self._resume_engine)  # a push's begin .. finish
+        self.loop = EventLoopThread("vllm-async-loop")
 
         async def start() -> Any:  # AsyncLLM starts its output handler on the running loop
             engine = AsyncLLM.from_engine_args(AsyncEngineArgs(**kwargs))
@@ -166,7 +125,7 @@ class AsyncVLLMEngine(VLLMEngine):
         except BaseException:
             self.loop.close()
             raise
-        self.slots = int(self.engine.vllm_config.scheduler_config.max_num_seqs)
+        self.rows = RowCounter(int(self.engine.vllm_config.scheduler_config.max_num_seqs))
         return SyncAsyncLLM(self.engine, self.loop)
 
     def close(self) -> None:
@@ -204,7 +163,7 @@ class AsyncVLLMEngine(VLLMEngine):
 
     async def _one(self, ids: list[int], params: Any) -> Any:
         request_id = f"{self._prefix}-{next(self._ids)}"
-        self._count(+1)
+        self.rows.add(+1)
         final = None
         try:
             async for output in self.engine.generate(
@@ -212,17 +171,10 @@ class AsyncVLLMEngine(VLLMEngine):
             ):
                 final = output
         finally:
-            self._count(-1)
+            self.rows.add(-1)
         if final is None or not final.finished:
             raise RuntimeError(f"vLLM's AsyncLLM ended request {request_id} without a final output")
         return final
-
-    def _count(self, change: int) -> None:
-        with self._count_lock:
-            now = time.perf_counter()
-            self._row_seconds += min(self._live, self.slots) * (now - self._counted_at)
-            self._counted_at = now
-            self._live += change
 
     def generate_ids(
         self, prompt_ids: list[list[int]], sampling: SamplingParams, seed: int | None = None
@@ -234,80 +186,53 @@ class AsyncVLLMEngine(VLLMEngine):
 
     @torch.no_grad()
     def generate(self, request: RolloutRequest) -> list[list[Rollout]]:
-        n = request.n
         prompts = [self.policy.prompt_ids(self.tokenizer, record) for record in request.records]
-        samples = self._rows([ids for ids in prompts for _ in range(n)], request.sampling, request.seed)
-        groups = []
-        for index, ids in enumerate(prompts):
-            part = samples[index * n : (index + 1) * n]
-            oldest = min(min(versions, default=self.weight_version) for *_, versions in part)
-            group = make_group(request, index, ids, [s[:3] for s in part], self.tokenizer, oldest)
-            for rollout, (*_, versions) in zip(group, part):
-                if len(set(versions)) > 1:  # continued across a push: each token's own version
-                    rollout.token_versions = list(versions)
-            groups.append(group)
-        return groups
+        samples = self._rows(
+            [ids for ids in prompts for _ in range(request.n)], request.sampling, request.seed
+        )
+        return versioned_groups(request, prompts, samples, self.tokenizer, self.weight_version)
 
     def occupancy(self) -> dict[str, float]:
-        """``{"row_seconds", "seconds", "slots"}``: requests in the engine (at most ``slots``) x seconds,
-        the engine's age, and the scheduler's ``max_num_seqs``."""
-        with self._count_lock:
-            now = time.perf_counter()
-            rows = self._row_seconds + min(self._live, self.slots) * (now - self._counted_at)
-        return {"row_seconds": rows, "seconds": now - self._started, "slots": float(self.slots)}
+        """Requests in the engine (at most vLLM's ``max_num_seqs``) x seconds; see :class:`RowCounter`."""
+        return self.rows.occupancy()
 
     # -- weights: loaded with the scheduler paused, requests kept ---------------------------------
-    def _pause(self) -> None:
-        """Pause vLLM's scheduler (``mode="keep"``: requests frozen with their KV cache); nested
-        pauses (a push's begin .. finish, which may come on different threads) pause once."""
-        with self._pause_lock:
-            if self._pauses == 0:
-                self.loop.run(self.engine.pause_generation(mode="keep", clear_cache=False))
-            self._pauses += 1
+    def _pause_engine(self) -> None:
+        """Pause vLLM's scheduler (``mode="keep"``: requests frozen with their KV cache)."""
+        self.loop.run(self.engine.pause_generation(mode="keep", clear_cache=False))
 
-    def _resume(self) -> None:
-        """The last resume tells vLLM the version the weights now are, then resumes every request."""
-        with self._pause_lock:
-            self._pauses -= 1
-            if self._pauses == 0:
-                self.loop.run(self.engine.update_weight_version(str(self.weight_version)))
-                self.loop.run(self.engine.resume_generation())
-
-    @contextmanager
-    def _paused(self):
-        self._pause()
-        try:
-            yield
-        finally:
-            self._resume()
+    def _resume_engine(self) -> None:
+        """Tell vLLM the version the weights now are, then resume every request in place."""
+        self.loop.run(self.engine.update_weight_version(str(self.weight_version)))
+        self.loop.run(self.engine.resume_generation())
 
     def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], weight_version: int) -> None:
-        with self._paused():
+        with self._pause:
             super().load_weights(named_tensors, weight_version)
 
     def begin_weight_load(self) -> None:
-        self._pause()
+        self._pause.enter()
         try:
             super().begin_weight_load()
         except BaseException:
-            self._resume()
+            self._pause.exit()
             raise
 
     def finish_weight_load(self, weight_version: int | None) -> None:
         try:
             super().finish_weight_load(weight_version)
         finally:
-            self._resume()
+            self._pause.exit()
 
     def receive_weights(self, layout: Any, dtypes: Any, weight_version: int) -> None:
-        with self._paused():
+        with self._pause:
             super().receive_weights(layout, dtypes, weight_version)
 
     def _load_lora(self, items: list[tuple[str, torch.Tensor]], weight_version: int) -> None:
-        if self._live:
+        if self.rows.live:
             raise RuntimeError(
                 f"a LoRA adapter push (weight_version {weight_version}) reached the continuous vLLM engine with "
-                f"{self._live} request(s) in flight: vLLM binds an adapter to a request when it starts, so they "
+                f"{self.rows.live} request(s) in flight: vLLM binds an adapter to a request when it starts, so they "
                 "cannot continue under the new one; use sync_mode='quiesce' with LoRA"
             )
         super()._load_lora(items, weight_version)

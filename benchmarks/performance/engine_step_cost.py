@@ -1,0 +1,108 @@
+"""The continuous HF engine's decode-step cost against active rows and context, on this machine: the
+engine costs ``simulate_streaming --parts here`` calibrates with.
+
+    python -m benchmarks.performance.engine_step_cost [--rows 1 2 4 8 16 32 64 128] [--tokens 48] [--rounds 3]
+
+The long-tail workload's model (the tiny random Llama, hidden 64, 2 layers, one torch thread) on the
+engine's own :class:`~unirl_lightning.engines.batcher.ContinuousBatcher`, with no stop token, so every
+row decodes ``--tokens`` tokens: ``R`` rows join at once (one prefill, timed), then every decode step is
+timed with its active rows and their context tokens. A least-squares fit of ``a + b*rows + c*context``
+over every step of every ``R`` (rounds interleaved) is the simulator's decode cost; the prefill cost
+per prompt token is the join step's time less one decode step's, over the prompt tokens. Writes
+benchmarks/results/engine_step_cost.json (the fit, its relative error per ``R``, and the medians).
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from typing import Any
+
+import torch
+
+from benchmarks.harness import common
+from unirl_lightning import TinyCausalLM
+from unirl_lightning.engines.batcher import BatchRow, ContinuousBatcher
+from unirl_lightning.engines.hf import HFEngineConfig
+from unirl_lightning.rollout.records import SamplingParams
+
+PROMPT = [5, 6, 7]  # three prompt tokens: the workload's prompts are a digit and the template
+
+
+def measure(model: Any, device: torch.device, pad_id: int, rows: int, tokens: int) -> dict[str, Any]:
+    batcher = ContinuousBatcher(model, device, stop_ids=[], pad_id=pad_id, max_rows=rows)
+    sampling = SamplingParams(temperature=1.0, max_new_tokens=tokens)
+    for i in range(rows):
+        batcher.add(BatchRow(list(PROMPT), sampling, seed=i))
+    start = time.perf_counter()
+    batcher.step()  # the join: prefill of every row and its first token
+    join_s = time.perf_counter() - start
+    steps = []
+    while batcher.live:
+        context = sum(len(row.prompt_ids) + len(row.tokens) for row in batcher.active)
+        start = time.perf_counter()
+        active = batcher.step()
+        steps.append((active, context, time.perf_counter() - start))
+    return {"rows": rows, "join_s": join_s, "steps": steps}
+
+
+def fit(points: list[tuple[int, int, float]]) -> tuple[float, float, float]:
+    """Least squares of ``seconds = a + b*rows + c*context`` (normal equations, 3x3)."""
+    x = torch.tensor([[1.0, r, c] for r, c, _ in points], dtype=torch.float64)
+    y = torch.tensor([s for *_, s in points], dtype=torch.float64)
+    coef = torch.linalg.lstsq(x, y.unsqueeze(1)).solution.squeeze(1).tolist()
+    return coef[0], coef[1], coef[2]
+
+
+def main() -> None:
+    parser = common.script_parser(__doc__)
+    parser.add_argument("--rows", type=int, nargs="+", default=[1, 2, 4, 8, 16, 32, 64, 128])
+    parser.add_argument("--tokens", type=int, default=48, help="decode steps per row (no stop token)")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument(
+        "--out", default="engine_step_cost", help="results file (a bare name: in the results folder)"
+    )
+    config = common.parse_config(parser)
+    policy = TinyCausalLM(
+        hidden_size=64, num_layers=2, num_heads=4, intermediate_size=128, max_position_embeddings=128
+    )
+    engine = HFEngineConfig(device="cpu", num_threads=1).build(
+        policy
+    )  # the engine's model, tokenizer, device
+    runs = []
+    for round_ in range(config["rounds"]):
+        order = config["rows"] if round_ % 2 == 0 else config["rows"][::-1]
+        for rows in order:
+            runs.append(
+                measure(engine.model, engine.device, engine.tokenizer.pad_token_id, rows, config["tokens"])
+            )
+    points = [point for run in runs for point in run["steps"]]
+    a, b, c = fit(points)
+    per_rows = {}
+    for rows in config["rows"]:
+        mine = [run for run in runs if run["rows"] == rows]
+        measured = statistics.median(s for run in mine for *_, s in run["steps"])
+        predicted = statistics.median(a + b * r + c * ctx for run in mine for r, ctx, _ in run["steps"])
+        decode = statistics.median(run["join_s"] for run in mine) - predicted
+        per_rows[str(rows)] = {
+            "step_s": measured,
+            "fit_s": predicted,
+            "fit_error": predicted / measured - 1,
+            "tokens_per_s": rows / measured,
+            "prefill_s_per_token": max(0.0, decode) / (rows * len(PROMPT)),
+        }
+    prefill = statistics.median(v["prefill_s_per_token"] for v in per_rows.values())
+    summary = {"a": a, "b": b, "c": c, "prefill_s_per_token": prefill, "per_rows": per_rows}
+    print(
+        f"step = {a * 1e3:.3f} ms + {b * 1e6:.2f} us x rows + {c * 1e9:.2f} ns x context; prefill {prefill * 1e6:.1f} us/token"
+    )
+    for rows, v in per_rows.items():
+        print(
+            f"  rows {rows:>4}: {v['step_s'] * 1e3:7.3f} ms/step, {v['tokens_per_s']:8.0f} tokens/s, "
+            f"fit {v['fit_error']:+.1%}"
+        )
+    common.write_results({"summary": summary, "config": config | {"out": None}}, config["out"], config=config)
+
+
+if __name__ == "__main__":
+    main()

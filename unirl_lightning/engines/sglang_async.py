@@ -1,0 +1,190 @@
+"""The SGLang engine with continuous batching (``SGLangEngineConfig(batching="continuous")``): the
+offline ``sglang.Engine`` created on an asyncio loop thread of the rollout worker and driven there.
+
+Written against SGLang 0.5.23's source and tested here against a stand-in (SGLang has no CPU build);
+it has not run on a GPU.
+
+* **One loop.** SGLang's tokenizer manager binds its locks, conditions and output reader to the loop
+  that first runs it, and the Engine's synchronous methods call ``loop.run_until_complete`` on it. The
+  engine is therefore created on a loop thread (:class:`~unirl_lightning.engines.streaming.EventLoopThread`)
+  and its ``loop`` replaced by :class:`ThreadsafeLoop`, whose ``run_until_complete`` hands the
+  coroutine to that thread and waits: every synchronous call of the static engine (weights, LoRA,
+  sleep, flush) then works from any worker thread, while generation runs there concurrently.
+* **Calls join the running batch.** Every sample is its own ``Engine.async_generate`` request, added
+  the moment its call arrives (a threaded Ray actor takes ``concurrent_calls`` calls at once).
+* **Weights land without draining.** A push pauses the scheduler in place
+  (``pause_generation(mode="in_place")``: the running batch and its KV cache stay), loads the buckets
+  in one weight-update session without flushing the cache while requests are live (SGLang refuses a
+  flush with a running batch), tells SGLang the new version
+  (``update_weight_version(abort_all_requests=False)``) and continues every request in place.
+* **Every token keeps its version.** SGLang's scheduler records, at each version change, how many
+  tokens each live request has, and a finished request reports the spans
+  (``meta_info["weight_versions"]``). SGLang's overlap scheduler would process one decode step
+  sampled under the old weights only after the resume, stamping its tokens with the new version, so the
+  continuous engine runs with ``disable_overlap_schedule=True`` unless ``engine_kwargs`` says otherwise.
+* A LoRA adapter is per request, so an adapter push while requests run is refused (use
+  ``sync_mode="quiesce"`` with LoRA), as on vLLM.
+
+Sampling, log-probs, stop rules and seeds are the static engine's (:mod:`~unirl_lightning.engines.sglang`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Coroutine
+from contextlib import contextmanager
+from typing import Any
+
+import torch
+
+from unirl_lightning.core.seeding import derive_seeds
+from unirl_lightning.engines.base import check_context
+from unirl_lightning.engines.sglang import SGLangEngine, sglang_completion, sglang_sampling_params
+from unirl_lightning.engines.streaming import (
+    EventLoopThread,
+    NestedPause,
+    RowCounter,
+    Sample,
+    token_versions,
+    versioned_groups,
+)
+from unirl_lightning.rollout.records import FinishReason, Rollout, RolloutRequest, SamplingParams
+
+__all__ = ["AsyncSGLangEngine", "ThreadsafeLoop"]
+
+
+class ThreadsafeLoop:
+    """Stands in for ``sglang.Engine.loop``: ``run_until_complete`` runs the coroutine on the loop
+    thread and waits, from whichever thread calls it."""
+
+    def __init__(self, thread: EventLoopThread) -> None:
+        self.thread = thread
+
+    def run_until_complete(self, coro: Coroutine[Any, Any, Any]) -> Any:
+        return self.thread.run(coro)
+
+    def is_running(self) -> bool:
+        return self.thread.loop.is_running()
+
+
+def running_request_slots(engine: Any, default: int) -> int:
+    """SGLang's cap on running requests (``max_running_requests``, as its server info reports it once
+    the scheduler has sized it), or ``default`` when it reports none."""
+    value = engine.get_server_info().get("max_running_requests")
+    return int(value) if isinstance(value, int) and value > 0 else default
+
+
+class AsyncSGLangEngine(SGLangEngine):
+    """:class:`~unirl_lightning.engines.sglang.SGLangEngine` on a loop thread; see the module docstring."""
+
+    def _start(self, kwargs: dict[str, Any]) -> Any:
+        import sglang
+        from sglang.srt.managers.io_struct import UpdateWeightVersionReqInput
+
+        kwargs = {"disable_overlap_schedule": True, **kwargs}
+        self.loop = EventLoopThread("sglang-async-loop")
+        self._pause = NestedPause(self._pause_engine, self._resume_engine)
+        try:
+            engine = self.loop.call(lambda: sglang.Engine(**kwargs))  # binds to the running loop
+            engine.loop = ThreadsafeLoop(self.loop)
+            version = UpdateWeightVersionReqInput(new_version="0", abort_all_requests=False)
+            self.loop.run(engine.tokenizer_manager.update_weight_version(version))  # stamped from the start
+        except BaseException:
+            self.loop.close()
+            raise
+        self.rows = RowCounter(running_request_slots(engine, self.config.concurrent_calls))
+        return engine
+
+    def close(self) -> None:
+        try:
+            super().close()
+        finally:
+            self.loop.close()
+
+    # -- generation ------------------------------------------------------------------------------
+    def _rows(self, prompt_ids: list[list[int]], sampling: SamplingParams, seed: int | None) -> list[Sample]:
+        """Every row as its own request, all added at once to the running engine; waits for them."""
+        self.wake()
+        stop_ids = self.policy.stop_ids(self.tokenizer)
+        limit = getattr(self.engine.tokenizer_manager, "context_len", None)
+        if prompt_ids:
+            check_context(max(len(r) for r in prompt_ids), sampling.max_new_tokens, limit, "context_length")
+        seeds = derive_seeds(seed if self.config.deterministic else None, len(prompt_ids))
+        overrides = self.config.sampling_overrides
+        params = [sglang_sampling_params(sampling, stop_ids, row_seed, overrides) for row_seed in seeds]
+        submitted_under = self.weight_version
+        outputs = self.loop.run(self._gather(prompt_ids, params, self._lora_name))
+        samples = []
+        for output in outputs:
+            tokens, logprobs, finish = sglang_completion(output, stop_ids)
+            reported = len(output["meta_info"]["output_token_logprobs"])  # before the cut at a stop
+            spans = output["meta_info"].get("weight_versions")
+            versions = token_versions(spans, reported, submitted_under)[: len(tokens)]
+            samples.append((tokens, logprobs, finish, versions))
+        return samples
+
+    async def _gather(
+        self, prompt_ids: list[list[int]], params: list[dict[str, Any]], lora: str | None
+    ) -> list:
+        return list(await asyncio.gather(*(self._one(ids, p, lora) for ids, p in zip(prompt_ids, params))))
+
+    async def _one(self, ids: list[int], params: dict[str, Any], lora: str | None) -> dict[str, Any]:
+        self.rows.add(+1)
+        try:
+            return await self.engine.async_generate(
+                input_ids=ids, sampling_params=params, return_logprob=True, lora_path=lora
+            )
+        finally:
+            self.rows.add(-1)
+
+    def generate_ids(
+        self, prompt_ids: list[list[int]], sampling: SamplingParams, seed: int | None = None
+    ) -> list[tuple[list[int], list[float], FinishReason]]:
+        return [sample[:3] for sample in self._rows(prompt_ids, sampling, seed)]
+
+    @torch.no_grad()
+    def generate(self, request: RolloutRequest) -> list[list[Rollout]]:
+        prompts = [self.policy.prompt_ids(self.tokenizer, record) for record in request.records]
+        samples = self._rows(
+            [ids for ids in prompts for _ in range(request.n)], request.sampling, request.seed
+        )
+        return versioned_groups(request, prompts, samples, self.tokenizer, self.weight_version)
+
+    def occupancy(self) -> dict[str, float]:
+        """Requests in the engine (at most its running-request cap) x seconds; see ``RowCounter``."""
+        return self.rows.occupancy()
+
+    # -- weights: loaded with the scheduler paused in place ----------------------------------------
+    def _pause_engine(self) -> None:
+        from sglang.srt.managers.io_struct import PauseGenerationReqInput
+
+        self.loop.run(
+            self.engine.tokenizer_manager.pause_generation(PauseGenerationReqInput(mode="in_place"))
+        )
+
+    def _resume_engine(self) -> None:
+        """Tell SGLang the version the weights now are (no request aborted), then continue in place."""
+        from sglang.srt.managers.io_struct import ContinueGenerationReqInput, UpdateWeightVersionReqInput
+
+        manager = self.engine.tokenizer_manager
+        version = UpdateWeightVersionReqInput(new_version=str(self.weight_version), abort_all_requests=False)
+        self.loop.run(manager.update_weight_version(version))
+        self.loop.run(manager.continue_generation(ContinueGenerationReqInput()))
+
+    @contextmanager
+    def paused(self):
+        """The static engine's pause (a retract) becomes an in-place pause, nested once per push."""
+        with self._pause:
+            yield
+
+    def _load_full(self, items: list[tuple[str, torch.Tensor]], flush_cache: bool = True) -> None:
+        super()._load_full(items, flush_cache=flush_cache and self.rows.live == 0)
+
+    def _load_lora(self, items: list[tuple[str, torch.Tensor]], weight_version: int) -> None:
+        if self.rows.live:
+            raise RuntimeError(
+                f"a LoRA adapter push (weight_version {weight_version}) reached the continuous SGLang engine "
+                f"with {self.rows.live} request(s) in flight: SGLang binds an adapter to a request when it "
+                "starts, so they cannot continue under the new one; use sync_mode='quiesce' with LoRA"
+            )
+        super()._load_lora(items, weight_version)
