@@ -26,14 +26,14 @@ from unirl_lightning.engines.batcher import BatchRow, ContinuousBatcher
 from unirl_lightning.engines.hf import HFEngineConfig
 from unirl_lightning.rollout.records import SamplingParams
 
-PROMPT = [5, 6, 7]  # three prompt tokens: the workload's prompts are a digit and the template
 
-
-def measure(model: Any, device: torch.device, pad_id: int, rows: int, tokens: int) -> dict[str, Any]:
+def measure(
+    model: Any, device: torch.device, pad_id: int, prompt: list[int], rows: int, tokens: int
+) -> dict[str, Any]:
     batcher = ContinuousBatcher(model, device, stop_ids=[], pad_id=pad_id, max_rows=rows)
     sampling = SamplingParams(temperature=1.0, max_new_tokens=tokens)
     for i in range(rows):
-        batcher.add(BatchRow(list(PROMPT), sampling, seed=i))
+        batcher.add(BatchRow(list(prompt), sampling, seed=i))
     start = time.perf_counter()
     batcher.step()  # the join: prefill of every row and its first token
     join_s = time.perf_counter() - start
@@ -66,15 +66,16 @@ def main() -> None:
     policy = TinyCausalLM(
         hidden_size=64, num_layers=2, num_heads=4, intermediate_size=128, max_position_embeddings=128
     )
-    engine = HFEngineConfig(device="cpu", num_threads=1).build(
-        policy
-    )  # the engine's model, tokenizer, device
+    engine = HFEngineConfig(device="cpu", num_threads=1).build(policy)  # its model, tokenizer, device
+    prompt = policy.prompt_ids(engine.tokenizer, {"prompt": "6="})  # a digit_successor prompt, as served
     runs = []
     for round_ in range(config["rounds"]):
         order = config["rows"] if round_ % 2 == 0 else config["rows"][::-1]
         for rows in order:
             runs.append(
-                measure(engine.model, engine.device, engine.tokenizer.pad_token_id, rows, config["tokens"])
+                measure(
+                    engine.model, engine.device, engine.tokenizer.pad_token_id, prompt, rows, config["tokens"]
+                )
             )
     points = [point for run in runs for point in run["steps"]]
     a, b, c = fit(points)
@@ -89,10 +90,11 @@ def main() -> None:
             "fit_s": predicted,
             "fit_error": predicted / measured - 1,
             "tokens_per_s": rows / measured,
-            "prefill_s_per_token": max(0.0, decode) / (rows * len(PROMPT)),
+            "prefill_s_per_token": max(0.0, decode) / (rows * len(prompt)),
         }
     prefill = statistics.median(v["prefill_s_per_token"] for v in per_rows.values())
-    summary = {"a": a, "b": b, "c": c, "prefill_s_per_token": prefill, "per_rows": per_rows}
+    summary = {"a": a, "b": b, "c": c, "prefill_s_per_token": prefill, "prompt_len": len(prompt)}
+    summary["per_rows"] = per_rows
     print(
         f"step = {a * 1e3:.3f} ms + {b * 1e6:.2f} us x rows + {c * 1e9:.2f} ns x context; prefill {prefill * 1e6:.1f} us/token"
     )

@@ -4,6 +4,7 @@ Standard library only; every number is a flag or printed with its source.
 
     python -m benchmarks.simulation.simulate_streaming                 # verl check, AReaL's setting, ours
     python -m benchmarks.simulation.simulate_streaming --parts verl    # the verl reproduction alone
+    python -m benchmarks.simulation.simulate_streaming --parts here    # against the real engines here
 
 Model (``benchmarks/simulation/streaming/``):
 
@@ -22,6 +23,8 @@ Model (``benchmarks/simulation/streaming/``):
   push_s_per_gb``; ``speedup`` is Amdahl's law, a power law or linear (``--train-law``). Sync baseline: colocated, all GPUs generate a step, recompute, train, push.
 * Costs: the H20 roofline of a 7B engine (``streaming/calibrate.py``) times one factor, and trainer
   costs, all calibrated on verl's SYNC column; verl's async 64:64 is then predicted.
+* ``here`` (``streaming/here.py``): the same simulator with this machine's measured engine step costs
+  and trainer costs, against the real long-tail runs (steps/s and occupancy, their errors).
 """
 
 from __future__ import annotations
@@ -40,6 +43,7 @@ from benchmarks.simulation.streaming.calibrate import (
     roofline,
     with_law,
 )
+from benchmarks.simulation.streaming.here import calibrate_here, print_here
 from benchmarks.simulation.streaming.trainer import run
 
 SETTINGS = {  # the workloads predicted (7B engines of tp GPUs); --gpus applies to "ours"
@@ -56,7 +60,12 @@ SETTINGS = {  # the workloads predicted (7B engines of tp GPUs); --gpus applies 
 
 def parser() -> Any:
     p = common.script_parser(__doc__)
-    p.add_argument("--parts", nargs="+", default=["verl", "areal", "ours"], choices=["verl", "areal", "ours"])
+    p.add_argument(
+        "--parts",
+        nargs="+",
+        default=["verl", "here", "areal", "ours"],
+        choices=["verl", "here", "areal", "ours"],
+    )
     p.add_argument("--gpus", type=int, nargs="+", default=[8, 32, 128], help="GPU counts for 'ours'")
     p.add_argument("--prompts-per-gpu", type=float, default=4, help="ours: the batch scales with the GPUs")
     p.add_argument("--samples", type=int, default=16)
@@ -236,6 +245,8 @@ def main() -> None:
         for name, s in rep["sensitivity"].items():
             mfu = f", implied update MFU {s['implied_update_mfu']:.0%}" if "implied_update_mfu" in s else ""
             print(f"  async step, {name}: {s['step']:.1f} s ({s['error']:+.0%}){mfu}")
+    if "here" in args.parts:
+        record["here"] = print_here(calibrate_here(args.seed))
     done = {(p["setting"], p["gpus"], p["train_law"]): p for p in record.get("predictions", [])}
     for name in ("areal", "ours"):
         if name not in args.parts:

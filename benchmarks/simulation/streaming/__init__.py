@@ -12,9 +12,8 @@ so the cost of a run is proportional to the number of rows, not of tokens.
 A weight sync pauses every engine for the push; in-flight rows keep their tokens and continue under the
 new version (optionally re-encoding ``resume_prefill`` of their context). Every row records the weight
 version of each of its tokens (``segments``: ``[version, count]`` runs). :class:`GroupHandle` is the
-controller's ``GenerationHandle`` with the interrupt API of ``SuspendedJobs`` (``interrupt``,
-``resume``, ``oldest_token_version``), so the real ``BatchRolloutController`` suspends, resumes and
-drops groups across a sync. Standard library only.
+controller's ``GenerationHandle`` with ``SuspendedJobs``' interrupt API, so the real
+``BatchRolloutController`` suspends, resumes and drops groups across a sync. Standard library only.
 """
 
 from __future__ import annotations
@@ -188,9 +187,12 @@ class World:
         self.rng = random.Random(cfg.seed)
         self.median, self.sigma, self.cap = cfg.median_len, cfg.sigma, cfg.max_new_tokens
         self.prompt_len, self.samples = cfg.prompt_len, cfg.samples
+        self.lengths = getattr(cfg, "lengths", None)  # measured lengths, drawn with replacement
 
     def draw(self) -> int:
-        n = int(round(math.exp(math.log(self.median) + self.sigma * self.rng.gauss(0, 1))))
+        if self.lengths:
+            return max(1, min(self.cap, self.rng.choice(self.lengths)))
+        n = round(math.exp(math.log(self.median) + self.sigma * self.rng.gauss(0, 1)))
         return max(1, min(self.cap, n))
 
     def new_group(self, gen_id: int) -> Group:

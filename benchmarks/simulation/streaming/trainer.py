@@ -3,7 +3,8 @@
 
 Each pass: admit what ``admit_groups`` allows; when the trainer is free, ``poll`` and
 ``drain_freshest(groups_per_step, evict)`` (the controller evicts by launch stamp); train the batch
-(recompute log-probs if asked, then update: ``tokens * s_per_token / speedup(gpus)``); every
+(recompute log-probs if asked, then update: ``tokens * s_per_token / speedup(gpus)``, plus a fixed
+``step_overhead_s`` where the config has one); every
 ``sync_interval`` batches sync: ``quiesce(interrupt=True)`` (the engines keep their rows), push
 (``World.pause``), ``sync_weights``, ``resume(evict)`` (a group whose oldest token would be over the
 bound is dropped, ``pop_dropped``), or with ``quiesce`` drain every group in flight first. Colocated
@@ -112,7 +113,7 @@ def run(cfg: Any) -> dict[str, Any]:
             phase["update"] += update
             n["trained"] += len(batch)
             n["trained_tokens"] += tokens
-            train_end = world.now + recompute + update
+            train_end = world.now + recompute + update + getattr(cfg, "step_overhead_s", 0.0)
             continue
         world.advance(train_end)
         if world.now >= train_end:

@@ -1,0 +1,135 @@
+"""Calibration on this machine: the streaming simulator against the real long-tail runs.
+
+Inputs, all measured here, none fitted to the runs being predicted:
+
+* the engine: ``a + b*rows + c*context`` and prefill per token, fitted on the continuous HF engine's own
+  decode steps (``benchmarks/results/engine_step_cost.json``, ``performance/engine_step_cost.py``);
+* the workload (``benchmarks/results/interrupt_long_tail_groups.json``, ``performance/interrupt_long_tail.py``):
+  16 prompts x 8 samples a step, 128 slots, ``max_staleness 1``, ``max_inflight 2`` (32 groups), the
+  completion lengths each mode trained (drawn with replacement), the trainer's update seconds per
+  trained token (``perf/train_time_s`` over the step's tokens) and the push seconds.
+
+Predicted against measured: steps per second and engine occupancy, for ``async_groups`` (the sync
+drains in-flight groups) and ``async_groups_continue`` (the push lands between two decode steps, rows
+continue in place: no re-prefill). Two trainer models: the update alone, and the update plus the rest
+of the measured step that is neither update, wait, drain nor push (the loop's own overhead: rewards,
+collation, Ray calls, logging); the second still predicts the wait and the occupancy.
+Standard library only.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+from benchmarks.simulation.streaming.trainer import run
+
+RESULTS = Path(__file__).resolve().parents[2] / "results"
+MODES = {"async_groups": True, "async_groups_continue": False}  # mode -> drains before a sync
+
+
+def load(name: str) -> dict[str, Any]:
+    path = RESULTS / f"{name}.json"
+    if not path.exists():
+        raise FileNotFoundError(
+            f"{path} is missing: run python -m benchmarks.performance.{name.split('_groups')[0]}"
+        )
+    return json.loads(path.read_text())
+
+
+def calibrate_here(seed: int = 0, steps: int = 300, warmup: int = 20) -> dict[str, Any]:
+    engine = load("engine_step_cost")["summary"]
+    workload = load("interrupt_long_tail_groups")
+    config = workload["summary"]["config"]
+    rows = []
+    for mode, drains in MODES.items():
+        measured = workload["summary"]["medians"][mode]
+        runs = [r for r in workload["runs"] if r["mode"] == mode]
+        lengths = [n for r in runs for n in r["completion_lengths"]]
+        prompt_len = int(engine["prompt_len"])
+        tokens_per_step = config["batch"] * config["group"] * (prompt_len + statistics.fmean(lengths))
+        period = 1.0 / measured["steps_per_s"]
+        other = period - measured["train_s"] - measured["wait_s"] - measured["quiesce_s"] - measured["push_s"]
+        for trainer, overhead in (("update only", 0.0), ("update + measured overhead", max(0.0, other))):
+            cfg = SimpleNamespace(
+                mode="async",
+                prompt_len=prompt_len,
+                samples=config["group"],
+                lengths=lengths,
+                median_len=1,
+                sigma=0.0,
+                max_new_tokens=config["max_new_tokens"],
+                seed=seed,
+                a=engine["a"],
+                b=engine["b"],
+                c=engine["c"],
+                prefill=engine["prefill_s_per_token"],
+                tp=1,
+                max_rows=config["batch"] * config["group"],
+                kv_tokens=1 << 40,
+                per_call=False,
+                resume_prefill=0.0,
+                sync_recompute=False,
+                async_recompute=False,
+                push_s=measured["push_s"],
+                quiesce=drains,
+                groups_per_step=config["batch"],
+                sync_interval=1,
+                steps=steps,
+                warmup=warmup,
+                gen_gpus=1,
+                train_gpus=1,
+                max_staleness=1,
+                evict_staleness=1,
+                max_inflight=2 * config["batch"],
+                amdahl=0.0,
+                train_efficiency=1.0,
+                update_s_per_token=measured["train_s"] / tokens_per_step,
+                recompute_s_per_token=0.0,
+                step_overhead_s=overhead,
+            )
+            sim = run(cfg)
+            steps_per_s = 1.0 / sim["s_per_batch"]
+            rows.append(
+                {
+                    "mode": mode,
+                    "trainer": trainer,
+                    "steps_per_s": {
+                        "measured": measured["steps_per_s"],
+                        "simulated": steps_per_s,
+                        "error": steps_per_s / measured["steps_per_s"] - 1,
+                    },
+                    "occupancy": {
+                        "measured": measured["engine_occupancy"],
+                        "simulated": sim["occupancy"],
+                        "error": sim["occupancy"] / measured["engine_occupancy"] - 1,
+                    },
+                    "wait_s": {
+                        "measured": measured["wait_s"],
+                        "simulated": sim["phases_s_per_batch"]["wait"],
+                    },
+                    "overhead_s": overhead,
+                }
+            )
+    return {
+        "engine": {k: engine[k] for k in ("a", "b", "c", "prefill_s_per_token", "prompt_len")},
+        "workload": config,
+        "table": rows,
+    }
+
+
+def print_here(record: dict[str, Any]) -> dict[str, Any]:
+    """Print the calibration's table; ``record`` back."""
+    print(
+        f"{'mode':<22} {'trainer':<27} {'steps/s':>8} {'sim':>6} {'error':>6} {'occupancy':>9} {'sim':>6} {'error':>6}"
+    )
+    for row in record["table"]:
+        sp, oc = row["steps_per_s"], row["occupancy"]
+        print(
+            f"{row['mode']:<22} {row['trainer']:<27} {sp['measured']:>8.2f} {sp['simulated']:>6.2f} "
+            f"{sp['error']:>+6.0%} {oc['measured']:>9.3f} {oc['simulated']:>6.3f} {oc['error']:>+6.0%}"
+        )
+    return record
