@@ -84,7 +84,7 @@ def run_mode(mode: str, config: dict[str, Any]) -> dict[str, Any]:
     options = dict(MODES[mode])
     engine = HFEngineConfig(
         batching=options.pop("batching", "static"),
-        max_batch_size=config["batch"] * config["group"],
+        max_batch_size=config["slots"],
         # group launches: every group in flight (up to max_inflight steps' worth) is a call of its own
         concurrent_calls=config["batch"] * options.get("max_inflight", 1),
     )
@@ -173,7 +173,7 @@ def generation_throughput(config: dict[str, Any], requests: int = 4) -> dict[str
                 device="cpu",
                 num_threads=1,
                 batching=batching,
-                max_batch_size=config["batch"] * config["group"],
+                max_batch_size=config["slots"],
             ).build(policy)
             batch = [
                 RolloutRequest(
@@ -275,10 +275,12 @@ def main() -> None:
     parser.add_argument("--chunk", type=int, default=8, help="interrupt_chunk_tokens")
     parser.add_argument("--batch", type=int, default=16, help="prompts per step")
     parser.add_argument("--group", type=int, default=8, help="samples per prompt")
+    parser.add_argument("--slots", type=int, default=None, help="engine rows at once (default: a step's rows)")
     parser.add_argument(
         "--out", default="interrupt_long_tail", help="results file (a bare name: in the results folder)"
     )
     config = common.parse_config(parser)
+    config["slots"] = config["slots"] or config["batch"] * config["group"]
     record = run(config)
     print(
         f"{'mode':<16} {'tok/s':>8} {'occupancy':>9} {'quiesce s':>10} {'push s':>7} {'stale-1':>8} {'eval':>6}"
