@@ -26,6 +26,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -178,3 +179,29 @@ def finish(
     path = write_results(record, out, indent, config) if out is not None else None
     print(json.dumps(record if final is None else final))
     return path
+
+
+def seed_sweep(
+    config: dict[str, Any],
+    one_run: Callable[[str, int, dict[str, Any], Path], dict[str, Any]],
+    summarize: Callable[[list[dict[str, Any]]], dict[str, Any]],
+    print_table: Callable[[dict[str, Any]], None],
+) -> None:
+    """Run ``one_run(mode, seed, config, folder)`` for every seed and mode (the mode order reversed on
+    odd seeds, so no mode always runs first), print each run's held-out curve and the summary table,
+    and write ``{"summary", "config", "machine", "runs"}`` to ``config["out"]``."""
+    from benchmarks.harness import stats
+
+    runs: list[dict[str, Any]] = []
+    with tempfile.TemporaryDirectory(prefix=f"{config['out']}-") as tmp:
+        for seed in config["seeds"]:
+            for mode in config["modes"] if seed % 2 == 0 else config["modes"][::-1]:
+                run = one_run(mode, seed, config, Path(tmp))
+                runs.append(run)
+                print(
+                    f"  {mode:<15} seed {seed}: held-out {run['heldout']} ({run['wall_s']:.0f} s)", flush=True
+                )
+    summary = summarize(runs)
+    print_table(summary)
+    record = {"summary": summary, "config": {**config, "out": None}, "machine": stats.machine(), "runs": runs}
+    write_results(record, config["out"], config=config)

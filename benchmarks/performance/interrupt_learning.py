@@ -19,7 +19,6 @@ from __future__ import annotations
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -113,23 +112,7 @@ def main() -> None:
     parser.add_argument(
         "--out", default="interrupt_learning", help="results file (a bare name: in the results folder)"
     )
-    config = common.parse_config(parser)
-    runs: list[dict[str, Any]] = []
-    with tempfile.TemporaryDirectory(prefix="interrupt-learning-") as tmp:
-        for seed in config["seeds"]:
-            for mode in config["modes"] if seed % 2 == 0 else config["modes"][::-1]:
-                run = one_run(mode, seed, config, Path(tmp))
-                runs.append(run)
-                print(
-                    f"  {mode:<10} seed {seed}: held-out {run['heldout']} ({run['wall_s']:.0f} s)", flush=True
-                )
-    summary = summarize(runs)
-    print_table(summary)
-    common.write_results(
-        {"summary": summary, "config": {**config, "out": None}, "machine": stats.machine(), "runs": runs},
-        config["out"],
-        config=config,
-    )
+    common.seed_sweep(common.parse_config(parser), one_run, summarize, print_table)
 
 
 if __name__ == "__main__":

@@ -45,10 +45,11 @@ from unirl_lightning.engines.streaming import (
     NestedPause,
     RowCounter,
     Sample,
+    StreamedRows,
+    refuse_lora_in_flight,
     token_versions,
-    versioned_groups,
 )
-from unirl_lightning.rollout.records import FinishReason, Rollout, RolloutRequest, SamplingParams
+from unirl_lightning.rollout.records import SamplingParams
 
 __all__ = ["AsyncSGLangEngine", "ThreadsafeLoop"]
 
@@ -74,7 +75,7 @@ def running_request_slots(engine: Any, default: int) -> int:
     return int(value) if isinstance(value, int) and value > 0 else default
 
 
-class AsyncSGLangEngine(SGLangEngine):
+class AsyncSGLangEngine(StreamedRows, SGLangEngine):
     """:class:`~unirl_lightning.engines.sglang.SGLangEngine` on a loop thread; see the module docstring."""
 
     def _start(self, kwargs: dict[str, Any]) -> Any:
@@ -137,23 +138,6 @@ class AsyncSGLangEngine(SGLangEngine):
         finally:
             self.rows.add(-1)
 
-    def generate_ids(
-        self, prompt_ids: list[list[int]], sampling: SamplingParams, seed: int | None = None
-    ) -> list[tuple[list[int], list[float], FinishReason]]:
-        return [sample[:3] for sample in self._rows(prompt_ids, sampling, seed)]
-
-    @torch.no_grad()
-    def generate(self, request: RolloutRequest) -> list[list[Rollout]]:
-        prompts = [self.policy.prompt_ids(self.tokenizer, record) for record in request.records]
-        samples = self._rows(
-            [ids for ids in prompts for _ in range(request.n)], request.sampling, request.seed
-        )
-        return versioned_groups(request, prompts, samples, self.tokenizer, self.weight_version)
-
-    def occupancy(self) -> dict[str, float]:
-        """Requests in the engine (at most its running-request cap) x seconds; see ``RowCounter``."""
-        return self.rows.occupancy()
-
     # -- weights: loaded with the scheduler paused in place ----------------------------------------
     def _pause_engine(self) -> None:
         from sglang.srt.managers.io_struct import PauseGenerationReqInput
@@ -181,10 +165,5 @@ class AsyncSGLangEngine(SGLangEngine):
         super()._load_full(items, flush_cache=flush_cache and self.rows.live == 0)
 
     def _load_lora(self, items: list[tuple[str, torch.Tensor]], weight_version: int) -> None:
-        if self.rows.live:
-            raise RuntimeError(
-                f"a LoRA adapter push (weight_version {weight_version}) reached the continuous SGLang engine "
-                f"with {self.rows.live} request(s) in flight: SGLang binds an adapter to a request when it "
-                "starts, so they cannot continue under the new one; use sync_mode='quiesce' with LoRA"
-            )
+        refuse_lora_in_flight("SGLang", self.rows.live, weight_version)
         super()._load_lora(items, weight_version)

@@ -12,10 +12,21 @@ import time
 from collections.abc import Callable, Coroutine, Iterable
 from typing import Any
 
-from unirl_lightning.engines.base import make_group
-from unirl_lightning.rollout.records import FinishReason, Rollout, RolloutRequest
+import torch
 
-__all__ = ["EventLoopThread", "NestedPause", "RowCounter", "Sample", "token_versions", "versioned_groups"]
+from unirl_lightning.engines.base import make_group
+from unirl_lightning.rollout.records import FinishReason, Rollout, RolloutRequest, SamplingParams
+
+__all__ = [
+    "EventLoopThread",
+    "NestedPause",
+    "RowCounter",
+    "Sample",
+    "StreamedRows",
+    "refuse_lora_in_flight",
+    "token_versions",
+    "versioned_groups",
+]
 
 Sample = tuple[list[int], list[float], FinishReason, list[int]]
 """One row: completion ids, their behaviour log-probs, finish reason, each token's weight version."""
@@ -152,3 +163,36 @@ def versioned_groups(
                 rollout.token_versions = list(versions)
         groups.append(group)
     return groups
+
+
+class StreamedRows:
+    """The generation entry points of an engine whose ``_rows(prompt_ids, sampling, seed)`` returns one
+    :data:`Sample` per row and whose ``rows`` is a :class:`RowCounter` (put first among the bases)."""
+
+    def generate_ids(
+        self, prompt_ids: list[list[int]], sampling: SamplingParams, seed: int | None = None
+    ) -> list[tuple[list[int], list[float], FinishReason]]:
+        return [sample[:3] for sample in self._rows(prompt_ids, sampling, seed)]  # type: ignore[attr-defined]
+
+    @torch.no_grad()
+    def generate(self, request: RolloutRequest) -> list[list[Rollout]]:
+        tok, policy = self.tokenizer, self.policy  # type: ignore[attr-defined]
+        prompts = [policy.prompt_ids(tok, record) for record in request.records]
+        rows = [ids for ids in prompts for _ in range(request.n)]
+        samples = self._rows(rows, request.sampling, request.seed)  # type: ignore[attr-defined]
+        return versioned_groups(request, prompts, samples, tok, self.weight_version)  # type: ignore[attr-defined]
+
+    def occupancy(self) -> dict[str, float]:
+        """Rows in the engine (at most its slots) x seconds; see :class:`RowCounter`."""
+        return self.rows.occupancy()  # type: ignore[attr-defined]
+
+
+def refuse_lora_in_flight(engine: str, live: int, weight_version: int) -> None:
+    """An adapter push while requests run cannot take (both servers bind an adapter to a request when
+    it starts): refused, naming the way out."""
+    if live:
+        raise RuntimeError(
+            f"a LoRA adapter push (weight_version {weight_version}) reached the continuous {engine} engine with "
+            f"{live} request(s) in flight: {engine} binds an adapter to a request when it starts, so they "
+            "cannot continue under the new one; use sync_mode='quiesce' with LoRA"
+        )

@@ -46,11 +46,12 @@ from unirl_lightning.engines.streaming import (
     NestedPause,
     RowCounter,
     Sample,
+    StreamedRows,
+    refuse_lora_in_flight,
     token_versions,
-    versioned_groups,
 )
 from unirl_lightning.engines.vllm import VLLMEngine
-from unirl_lightning.rollout.records import FinishReason, Rollout, RolloutRequest, SamplingParams
+from unirl_lightning.rollout.records import SamplingParams
 
 __all__ = ["AsyncVLLMEngine", "SyncAsyncLLM"]
 
@@ -103,7 +104,7 @@ class SyncAsyncLLM:
             self.loop.close()
 
 
-class AsyncVLLMEngine(VLLMEngine):
+class AsyncVLLMEngine(StreamedRows, VLLMEngine):
     """:class:`~unirl_lightning.engines.vllm.VLLMEngine` on vLLM's ``AsyncLLM``; see the module docstring."""
 
     def _start(self, kwargs: dict[str, Any]) -> Any:
@@ -176,26 +177,6 @@ class AsyncVLLMEngine(VLLMEngine):
             raise RuntimeError(f"vLLM's AsyncLLM ended request {request_id} without a final output")
         return final
 
-    def generate_ids(
-        self, prompt_ids: list[list[int]], sampling: SamplingParams, seed: int | None = None
-    ) -> list[tuple[list[int], list[float], FinishReason]]:
-        return [
-            (tokens, logprobs, finish)
-            for tokens, logprobs, finish, _ in self._rows(prompt_ids, sampling, seed)
-        ]
-
-    @torch.no_grad()
-    def generate(self, request: RolloutRequest) -> list[list[Rollout]]:
-        prompts = [self.policy.prompt_ids(self.tokenizer, record) for record in request.records]
-        samples = self._rows(
-            [ids for ids in prompts for _ in range(request.n)], request.sampling, request.seed
-        )
-        return versioned_groups(request, prompts, samples, self.tokenizer, self.weight_version)
-
-    def occupancy(self) -> dict[str, float]:
-        """Requests in the engine (at most vLLM's ``max_num_seqs``) x seconds; see :class:`RowCounter`."""
-        return self.rows.occupancy()
-
     # -- weights: loaded with the scheduler paused, requests kept ---------------------------------
     def _pause_engine(self) -> None:
         """Pause vLLM's scheduler (``mode="keep"``: requests frozen with their KV cache)."""
@@ -229,10 +210,5 @@ class AsyncVLLMEngine(VLLMEngine):
             super().receive_weights(layout, dtypes, weight_version)
 
     def _load_lora(self, items: list[tuple[str, torch.Tensor]], weight_version: int) -> None:
-        if self.rows.live:
-            raise RuntimeError(
-                f"a LoRA adapter push (weight_version {weight_version}) reached the continuous vLLM engine with "
-                f"{self.rows.live} request(s) in flight: vLLM binds an adapter to a request when it starts, so they "
-                "cannot continue under the new one; use sync_mode='quiesce' with LoRA"
-            )
+        refuse_lora_in_flight("vLLM", self.rows.live, weight_version)
         super()._load_lora(items, weight_version)
