@@ -275,9 +275,7 @@ def main() -> None:
     parser.add_argument("--chunk", type=int, default=8, help="interrupt_chunk_tokens")
     parser.add_argument("--batch", type=int, default=16, help="prompts per step")
     parser.add_argument("--group", type=int, default=8, help="samples per prompt")
-    parser.add_argument(
-        "--slots", type=int, default=None, help="engine rows at once (default: a step's rows)"
-    )
+    parser.add_argument("--slots", type=int, default=None, help="engine rows at once; default: a step's")
     parser.add_argument(
         "--out", default="interrupt_long_tail", help="results file (a bare name: in the results folder)"
     )
