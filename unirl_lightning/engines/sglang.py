@@ -345,13 +345,11 @@ class SGLangEngine(RowGeneration):
         self._cleanup()
 
     # -- generation ------------------------------------------------------------------------------
-    def generate_ids(
-        self, prompt_ids: list[list[int]], sampling: SamplingParams, seed: int | None = None
-    ) -> list[tuple[list[int], list[float], FinishReason]]:
-        """The token-level entry point (the agentic coordinator's): one sample per row of
-        ``prompt_ids`` (token ids, any lengths), as ``(completion_ids, logprobs, finish_reason)``.
-        The ids go to SGLang as they are, so earlier turns of an episode are never re-tokenized; in
-        deterministic mode row ``i`` is seeded with ``derive_seed(seed, i)``."""
+    def _requests(
+        self, prompt_ids: list[list[int]], sampling: SamplingParams, seed: int | None
+    ) -> tuple[list[int], list[dict[str, Any]]]:
+        """Wake the engine, check the context, and build every row's sampling parameters (seeded in
+        deterministic mode); returns ``(stop_ids, params)``."""
         self.wake()
         stop_ids = self.policy.stop_ids(self.tokenizer)
         limit = getattr(getattr(self.engine, "tokenizer_manager", None), "context_len", None)
@@ -359,7 +357,18 @@ class SGLangEngine(RowGeneration):
             check_context(max(len(r) for r in prompt_ids), sampling.max_new_tokens, limit, "context_length")
         seeds = derive_seeds(seed if self.config.deterministic else None, len(prompt_ids))
         overrides = self.config.sampling_overrides
-        params = [sglang_sampling_params(sampling, stop_ids, row_seed, overrides) for row_seed in seeds]
+        return stop_ids, [
+            sglang_sampling_params(sampling, stop_ids, row_seed, overrides) for row_seed in seeds
+        ]
+
+    def generate_ids(
+        self, prompt_ids: list[list[int]], sampling: SamplingParams, seed: int | None = None
+    ) -> list[tuple[list[int], list[float], FinishReason]]:
+        """The token-level entry point (the agentic coordinator's): one sample per row of
+        ``prompt_ids`` (token ids, any lengths), as ``(completion_ids, logprobs, finish_reason)``.
+        The ids go to SGLang as they are, so earlier turns of an episode are never re-tokenized; in
+        deterministic mode row ``i`` is seeded with ``derive_seed(seed, i)``."""
+        stop_ids, params = self._requests(prompt_ids, sampling, seed)
         kwargs: dict[str, Any] = {}
         if self._lora_name is not None:
             kwargs["lora_path"] = [self._lora_name] * len(prompt_ids)

@@ -37,9 +37,7 @@ from typing import Any
 
 import torch
 
-from unirl_lightning.core.seeding import derive_seeds
-from unirl_lightning.engines.base import check_context
-from unirl_lightning.engines.sglang import SGLangEngine, sglang_completion, sglang_sampling_params
+from unirl_lightning.engines.sglang import SGLangEngine, sglang_completion
 from unirl_lightning.engines.streaming import (
     EventLoopThread,
     NestedPause,
@@ -63,9 +61,6 @@ class ThreadsafeLoop:
 
     def run_until_complete(self, coro: Coroutine[Any, Any, Any]) -> Any:
         return self.thread.run(coro)
-
-    def is_running(self) -> bool:
-        return self.thread.loop.is_running()
 
 
 def running_request_slots(engine: Any, default: int) -> int:
@@ -105,14 +100,7 @@ class AsyncSGLangEngine(StreamedRows, SGLangEngine):
     # -- generation ------------------------------------------------------------------------------
     def _rows(self, prompt_ids: list[list[int]], sampling: SamplingParams, seed: int | None) -> list[Sample]:
         """Every row as its own request, all added at once to the running engine; waits for them."""
-        self.wake()
-        stop_ids = self.policy.stop_ids(self.tokenizer)
-        limit = getattr(self.engine.tokenizer_manager, "context_len", None)
-        if prompt_ids:
-            check_context(max(len(r) for r in prompt_ids), sampling.max_new_tokens, limit, "context_length")
-        seeds = derive_seeds(seed if self.config.deterministic else None, len(prompt_ids))
-        overrides = self.config.sampling_overrides
-        params = [sglang_sampling_params(sampling, stop_ids, row_seed, overrides) for row_seed in seeds]
+        stop_ids, params = self._requests(prompt_ids, sampling, seed)
         submitted_under = self.weight_version
         outputs = self.loop.run(self._gather(prompt_ids, params, self._lora_name))
         samples = []
