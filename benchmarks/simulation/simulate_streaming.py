@@ -37,6 +37,7 @@ from typing import Any
 from benchmarks.harness import common, envelope
 from benchmarks.simulation.streaming.calibrate import (
     LAWS,
+    MODELS,
     calibrate,
     kv_budget,
     reproduce,
@@ -46,16 +47,18 @@ from benchmarks.simulation.streaming.calibrate import (
 from benchmarks.simulation.streaming.here import calibrate_here, print_here
 from benchmarks.simulation.streaming.trainer import run
 
-SETTINGS = {  # the workloads predicted (7B engines of tp GPUs); --gpus applies to "ours"
-    "areal": {
+SETTINGS = {  # the workloads predicted (engines of tp GPUs); --gpus applies to "ours"
+    "areal": {  # AReaL's 2.77x: DeepSeek-R1-Distill-Qwen-1.5B on 16 nodes of 8 H800s
+        "model": "1.5b",
         "prompts_per_gpu": 4,
         "median_len": 6000,
         "sigma": 1.0,
         "max_new_tokens": 27648,
         "recompute": True,
     },
-    "ours": {"median_len": 3000, "sigma": 0.9, "max_new_tokens": 16384, "recompute": False},
+    "ours": {"model": "7b", "median_len": 3000, "sigma": 0.9, "max_new_tokens": 16384, "recompute": False},
 }
+SETTINGS["areal-7b"] = {**SETTINGS["areal"], "model": "7b"}  # the same workload with a 7B model
 
 
 def parser() -> Any:
@@ -63,8 +66,8 @@ def parser() -> Any:
     p.add_argument(
         "--parts",
         nargs="+",
-        default=["verl", "here", "areal", "ours"],
-        choices=["verl", "here", "areal", "ours"],
+        default=["verl", "here", "areal", "areal-7b", "ours"],
+        choices=["verl", "here", "areal", "areal-7b", "ours"],
     )
     p.add_argument("--gpus", type=int, nargs="+", default=[8, 32, 128], help="GPU counts for 'ours'")
     p.add_argument("--prompts-per-gpu", type=float, default=4, help="ours: the batch scales with the GPUs")
@@ -86,7 +89,7 @@ def parser() -> Any:
         "--train-law", nargs="+", default=["amdahl", "perfect"], choices=LAWS, help="training scaling"
     )
     p.add_argument("--verl-law", default="amdahl", choices=LAWS, help="training scaling of the verl check")
-    p.add_argument("--model-gb", type=float, default=15.2)
+    p.add_argument("--model-gb", type=float, default=-1.0, help="pushed; -1: the setting's model in bf16")
     p.add_argument("--push-s-per-gb", type=float, default=-1.0, help="-1: calibrated (verl's sync rest)")
     p.add_argument(
         "--quiesce", action="store_true", help="every async run drains in-flight groups before a sync"
@@ -110,7 +113,8 @@ def parser() -> Any:
 def base_cfg(
     args: Any, costs: dict[str, float], setting: dict[str, Any], gpus: int, law: str
 ) -> SimpleNamespace:
-    tp, hw = args.tp, args.hardware
+    tp, hw, model = args.tp, args.hardware, setting["model"]
+    model_gb = args.model_gb if args.model_gb >= 0 else 2 * MODELS[model]["params"] / 1e9
     cfg = SimpleNamespace(
         prompt_len=args.prompt_len,
         samples=args.samples,
@@ -118,22 +122,22 @@ def base_cfg(
         sigma=setting["sigma"],
         max_new_tokens=setting["max_new_tokens"],
         seed=args.seed,
-        **roofline(tp, costs["scale"], hw),
+        **roofline(tp, costs["scale"], hw, model),
         tp=tp,
         max_rows=args.rows_per_gpu * tp,
-        kv_tokens=kv_budget(tp, hw),
+        kv_tokens=kv_budget(tp, hw, model=model),
         per_call=args.per_call,
         resume_prefill=args.resume_prefill,
         sync_recompute=setting["recompute"],
         async_recompute=setting["recompute"],
-        push_s=args.model_gb * (args.push_s_per_gb if args.push_s_per_gb >= 0 else costs["push_s"] / 15.2),
+        push_s=model_gb * (args.push_s_per_gb if args.push_s_per_gb >= 0 else costs["push_s"] / 15.2),
         quiesce=args.quiesce,
         groups_per_step=max(1, round(setting.get("prompts_per_gpu", args.prompts_per_gpu) * gpus)),
         sync_interval=1,
         steps=args.steps,
         warmup=args.warmup,
     )
-    return with_law(cfg, costs, law, hw)
+    return with_law(cfg, costs, law, hw, model)
 
 
 def brief(r: dict[str, Any], sync: dict[str, Any]) -> dict[str, Any]:
@@ -201,6 +205,7 @@ def search(args: Any, costs: dict[str, float], name: str, gpus: int, law: str) -
     return {
         "args": {k: getattr(args, k) for k in keys},
         "hardware": args.hardware,
+        "model": MODELS[setting["model"]]["name"],
         "tp": tp,
         "gpus": gpus,
         "groups_per_step": cfg.groups_per_step,
@@ -248,29 +253,17 @@ def main() -> None:
     if "here" in args.parts:
         record["here"] = print_here(calibrate_here(args.seed))
     done = {(p["setting"], p["gpus"], p["train_law"]): p for p in record.get("predictions", [])}
-    for name in ("areal", "ours"):
+    for name in ("areal", "areal-7b", "ours"):
         if name not in args.parts:
             continue
-        for gpus in [128] if name == "areal" else args.gpus:
+        for gpus in [128] if name.startswith("areal") else args.gpus:
             for law in args.train_law:
                 done[name, gpus, law] = {
                     "setting": name,
                     **search(args, costs, name, gpus, law),
                 }
     record["predictions"] = predictions = [done[k] for k in sorted(done)]
-    head = (
-        "setting",
-        "GPUs",
-        "law",
-        "x sync",
-        "tokens x",
-        "gen:train",
-        "stale",
-        "occ",
-        "sync occ",
-        "lost",
-        "x quiesce",
-    )
+    head = "setting GPUs law x_sync tokens_x gen:train stale occ sync_occ lost x_quiesce".split()
     print(" ".join(f"{h:>9}" for h in head))
     for p in predictions:
         b = p["best"]

@@ -103,16 +103,50 @@ def test_measured_lengths_are_drawn_as_given_and_a_step_overhead_slows_every_ste
 
 
 def test_the_calibration_here_predicts_the_real_long_tail_runs_within_its_tolerance():
-    """Against the committed measurements (engine step costs, the real long-tail runs): steps/s within
-    25% and occupancy within 30% (+6..+18% and -4..+15% when written: the simulator is optimistic)."""
+    """Against the committed measurements (engine step costs, the real long-tail runs). Trainer-bound
+    (128 slots): steps/s within 25% and occupancy within 30% (+6..+18% and -4..+15% when written).
+    Generation-bound (16 slots): occupancy within 15% (-1..-5%), steps/s within 60% (+39..+40%: the
+    simulator does not model the engine, the trainer and Ray sharing two cores), and the engine alone
+    within 25% (+15%)."""
     from benchmarks.simulation.streaming.here import calibrate_here
 
-    table = calibrate_here(steps=60, warmup=5)["table"]
-    assert {(r["mode"], r["trainer"]) for r in table} == {
-        (mode, trainer)
+    record = calibrate_here(steps=60, warmup=5)
+    table = record["table"]
+    assert {(r["bound"], r["mode"], r["trainer"]) for r in table} == {
+        (bound, mode, trainer)
+        for bound in ("trainer", "engine")
         for mode in ("async_groups", "async_groups_continue")
         for trainer in ("update only", "update + measured overhead")
     }
     for row in table:
-        assert abs(row["steps_per_s"]["error"]) < 0.25, row
-        assert abs(row["occupancy"]["error"]) < 0.30, row
+        steps, occupancy = (0.25, 0.30) if row["bound"] == "trainer" else (0.60, 0.15)
+        assert abs(row["steps_per_s"]["error"]) < steps, row
+        assert abs(row["occupancy"]["error"]) < occupancy, row
+    assert abs(record["engine_alone"]["interrupt_long_tail_slots16"]["error"]) < 0.25
+
+
+def test_a_join_is_one_forward_for_rows_arriving_together_and_waits_for_refill_at_free_slots():
+    """The continuous HF engine's refill: rows that arrive together join in one prefill forward
+    (``join_s`` once), and a running batch takes new rows only once ``refill_at`` slots are free (or the
+    queue fits); the rule is the batcher's own (``ContinuousBatcher.compact_at``)."""
+    import torch
+
+    from benchmarks.simulation.streaming import World
+    from unirl_lightning.engines.batcher import ContinuousBatcher
+
+    for slots in (1, 8, 16, 128):  # the rule needs no model: any module stands in
+        batcher = ContinuousBatcher(
+            torch.nn.Identity(), torch.device("cpu"), stop_ids=[], pad_id=0, max_rows=slots
+        )
+        assert batcher.compact_at == max(1, slots // 8)
+    cfg = small(lengths=[10], max_new_tokens=10, samples=4, max_rows=16, join_s=0.5, refill_at=2, a=1e-3)
+    cfg.b = cfg.c = cfg.prefill = 0.0
+    world = World(cfg, 1)
+    engine = world.engines[0]
+    for gen_id in range(3):  # 12 rows at time 0: one join for 12 rows
+        world.add(world.new_group(gen_id))
+    assert engine.rows == 12 and engine.t == pytest.approx(0.5)
+    world.add(world.new_group(3))  # 4 free slots, 4 queued: joins, and the same instant pays no second join
+    assert engine.rows == 16 and engine.t == pytest.approx(0.5)
+    world.add(world.new_group(4))  # no free slot: queued
+    assert engine.rows == 16 and len(engine.queue) == 4

@@ -3,15 +3,17 @@
 Units are *groups* (one prompt x ``samples`` rows). A group goes whole to the least-loaded engine (one
 engine = ``tp`` GPUs); its rows take free slots (``max_rows`` rows, and a KV budget of ``kv_tokens``
 context tokens checked when a row starts) and, with continuous batching, a finished row's slot is
-refilled at once from the engine's queue (``per_call``: only when the engine's batch is empty, the
-per-call model of ``sim.py``). Every active row advances one token per decode step, which costs
-``a + b * rows + c * context_tokens`` seconds; a group's prompt costs ``prefill * prompt_len`` once.
+refilled from the engine's queue at once, or once ``refill_at`` slots are free (``per_call``: only when
+the engine's batch is empty, the per-call model of ``sim.py``). Every active row advances one token per
+decode step, which costs ``a + b * rows + c * context_tokens`` seconds; a group's prompt costs
+``prefill * prompt_len`` once, and a refill ``join_s`` (a prefill forward of its own: the HF engine's;
+0 for engines that fold prefill into the decode step, as vLLM's and SGLang's chunked prefill does).
 Between events (a row finishing, a group arriving, a pause) an engine's state evolves in closed form,
 so the cost of a run is proportional to the number of rows, not of tokens.
 
 A weight sync pauses every engine for the push; in-flight rows keep their tokens and continue under the
 new version (optionally re-encoding ``resume_prefill`` of their context). Every row records the weight
-version of each of its tokens (``segments``: ``[version, count]`` runs). :class:`GroupHandle` is the
+version of each of its tokens (``segments``: ``[version, count]`` runs). ``trainer.GroupHandle`` is the
 controller's ``GenerationHandle`` with ``SuspendedJobs``' interrupt API, so the real
 ``BatchRolloutController`` suspends, resumes and drops groups across a sync. Standard library only.
 """
@@ -77,6 +79,7 @@ class Engine:
         self.load = 0  # rows assigned and not finished (active + queued)
         self.epoch = 0
         self.row_seconds = 0.0  # integral of active rows over decode time
+        self.joined_at = -1.0  # the world time of the last join (one forward for rows arriving together)
 
     def cost(self, n: int) -> float:
         w = self.world
@@ -110,9 +113,12 @@ class Engine:
         return self.heap[0][0] if self.heap else None
 
     def fill(self) -> None:
-        """Start queued rows in free slots (continuous batching: any time; per call: into an empty batch)."""
-        w = self.world
-        if w.per_call and self.rows:
+        """Start queued rows in free slots (continuous batching: once ``refill_at`` slots are free, or the
+        queue fits, or the batch is empty; per call: into an empty batch); a fill that starts rows costs
+        ``join_s`` (the fixed cost of their prefill's forward)."""
+        w, started = self.world, self.rows
+        free = w.max_rows - self.rows
+        if self.rows and (w.per_call or (free < w.refill_at and free < len(self.queue))):
             return
         while self.queue and self.rows < w.max_rows:
             row = self.queue[0]
@@ -133,6 +139,10 @@ class Engine:
             self.ctx += grow
             w.seq += 1
             heapq.heappush(self.heap, (row.finish, w.seq, row))
+        if self.rows > started and w.now > self.joined_at:  # rows that arrive together join in one forward
+            self.joined_at = w.now
+            self.t += w.join_s
+            self.row_seconds += self.rows * w.join_s  # busy for every row, as the engine counts it
 
     def schedule(self) -> None:
         self.epoch += 1
@@ -180,6 +190,7 @@ class World:
         self.a, self.b, self.c, self.prefill = cfg.a, cfg.b, cfg.c, cfg.prefill
         self.max_rows, self.kv_tokens, self.per_call = cfg.max_rows, cfg.kv_tokens, cfg.per_call
         self.resume_prefill = cfg.resume_prefill
+        self.join_s, self.refill_at = getattr(cfg, "join_s", 0.0), getattr(cfg, "refill_at", 1)
         self.engines = [Engine(self, i) for i in range(engines)]
         self.events: list[tuple[float, int, int]] = []
         self.now, self.version, self.seq = 0.0, 0, 0
@@ -267,34 +278,3 @@ class World:
 
     def row_seconds(self) -> float:
         return sum(e.row_seconds for e in self.engines)
-
-
-class GroupHandle:
-    """``GenerationHandle`` of one group, with the interrupt API the controller's ``SuspendedJobs`` uses."""
-
-    def __init__(self, world: World, group: Group) -> None:
-        self.world, self.group = world, group
-
-    def ready(self) -> bool:
-        return self.group.remaining == 0
-
-    def wait(self) -> None:
-        self.world.run_until(self.group)
-
-    def result(self) -> Group:
-        self.wait()
-        return self.group
-
-    def interrupt(self) -> bool:
-        """The engines pause as a whole (``World.pause``): nothing to stop here; True when finished."""
-        return self.group.remaining == 0
-
-    def resume(self) -> None:
-        """The rows stayed on their engine: they go on under the new version by themselves."""
-
-    def oldest_token_version(self) -> int | None:
-        versions = [r.segments[0][0] for r in self.group.rows if r.segments and not r.cancelled]
-        return min(versions) if versions else None
-
-    def partial_samples(self) -> int:
-        return sum(1 for r in self.group.rows if r.tokens and r.tokens < r.target)

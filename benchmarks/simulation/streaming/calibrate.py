@@ -32,28 +32,36 @@ HARDWARE = {  # dense bf16 FLOP/s, HBM bytes/s, memory GB (an H800 is an H100 he
     "h20": {"flops": 148e12, "hbm_bytes_per_s": 4.0e12, "memory_gb": 96.0},
     "h100": {"flops": 989e12, "hbm_bytes_per_s": 3.35e12, "memory_gb": 80.0},
 }
-QWEN_7B = {"params": 7.6e9, "kv_bytes_per_token": 28 * 2 * 4 * 128 * 2}  # 28 layers, K+V, 4 KV heads, bf16
+MODELS = {  # parameters, and KV-cache bytes per token in bf16 (layers x K+V x KV heads x head dim x 2)
+    "7b": {"name": "Qwen2.5-7B", "params": 7.6e9, "kv_bytes_per_token": 28 * 2 * 4 * 128 * 2},
+    "1.5b": {
+        "name": "DeepSeek-R1-Distill-Qwen-1.5B",
+        "params": 1.78e9,
+        "kv_bytes_per_token": 28 * 2 * 2 * 128 * 2,
+    },
+}
+QWEN_7B = MODELS["7b"]
 
 
-def roofline(tp: int, scale: float = 1.0, hw: str = "h20") -> dict[str, float]:
-    """Decode step ``a + b*rows + c*context`` and prefill per token of one engine of ``tp`` GPUs (7B, bf16):
+def roofline(tp: int, scale: float = 1.0, hw: str = "h20", model: str = "7b") -> dict[str, float]:
+    """Decode step ``a + b*rows + c*context`` and prefill per token of one engine of ``tp`` GPUs (bf16):
     weights read at 80% of HBM bandwidth plus 1.5 ms of launch overhead (+1 ms of all-reduce when
     tp > 1), 2 FLOPs per parameter per token at 50% (decode) / 60% (prefill) of peak, the KV cache read
     at 80% of HBM bandwidth; all times ``scale``."""
     bw, flops = tp * HARDWARE[hw]["hbm_bytes_per_s"] * 0.8, tp * HARDWARE[hw]["flops"]
-    step = 2 * QWEN_7B["params"]
+    step = 2 * MODELS[model]["params"]
     return {
         "a": scale * (1.5e-3 + step / bw + (1.0e-3 if tp > 1 else 0.0)),
         "b": scale * step / (flops * 0.5),
-        "c": scale * QWEN_7B["kv_bytes_per_token"] / bw,
+        "c": scale * MODELS[model]["kv_bytes_per_token"] / bw,
         "prefill": scale * step / (flops * 0.6),
     }
 
 
-def kv_budget(tp: int, hw: str = "h20", utilisation: float = 0.8) -> int:
+def kv_budget(tp: int, hw: str = "h20", utilisation: float = 0.8, model: str = "7b") -> int:
     """Context tokens one engine's KV cache holds (vLLM ``gpu_memory_utilization`` 0.8, weights out)."""
-    free = tp * HARDWARE[hw]["memory_gb"] * 1e9 * utilisation - 2 * QWEN_7B["params"]
-    return int(free / QWEN_7B["kv_bytes_per_token"])
+    free = tp * HARDWARE[hw]["memory_gb"] * 1e9 * utilisation - 2 * MODELS[model]["params"]
+    return int(free / MODELS[model]["kv_bytes_per_token"])
 
 
 def verl_cfg(args: Any, **over: Any) -> SimpleNamespace:
@@ -112,14 +120,18 @@ def async_over(cfg: SimpleNamespace) -> dict[str, Any]:
 LAWS = ("amdahl", "power", "perfect")
 
 
-def with_law(cfg: SimpleNamespace, costs: dict[str, float], law: str, hw: str = "h20") -> SimpleNamespace:
+def with_law(
+    cfg: SimpleNamespace, costs: dict[str, float], law: str, hw: str = "h20", model: str = "7b"
+) -> SimpleNamespace:
     """Set how training scales with GPUs, the per-token costs fitted so that every law gives the
     published 128-GPU sync times: ``amdahl`` (``A + B/gpus`` through the 64- and 128-GPU sync rows),
     ``power`` (``gpus**e`` through the same two rows) or ``perfect`` (``1/gpus``). On ``hw`` the costs
-    scale with peak FLOP/s (the same MFU as the calibration's H20s)."""
+    scale with peak FLOP/s, and for ``model`` with its parameters (the same MFU as the calibration's
+    7B on H20s)."""
     f, e = costs["amdahl"], costs["power"]
     at128 = {"amdahl": 1 / (f + (1 - f) / 128), "power": 128**e, "perfect": 128.0}[law]
     per = at128 / costs["tokens_per_step"] * HARDWARE["h20"]["flops"] / HARDWARE[hw]["flops"]
+    per *= MODELS[model]["params"] / QWEN_7B["params"]
     cfg.amdahl = f if law == "amdahl" else 0.0
     cfg.train_efficiency = e if law == "power" else 1.0
     cfg.update_s_per_token = PUBLISHED["sync_128"]["update_actor"] * per

@@ -4,10 +4,11 @@ Inputs, all measured here, none fitted to the runs being predicted:
 
 * the engine: ``a + b*rows + c*context`` and prefill per token, fitted on the continuous HF engine's own
   decode steps (``benchmarks/results/engine_step_cost.json``, ``performance/engine_step_cost.py``);
-* the workload (``benchmarks/results/interrupt_long_tail_groups.json``, ``performance/interrupt_long_tail.py``):
-  16 prompts x 8 samples a step, 128 slots, ``max_staleness 1``, ``max_inflight 2`` (32 groups), the
-  completion lengths each mode trained (drawn with replacement), the trainer's update seconds per
-  trained token (``perf/train_time_s`` over the step's tokens) and the push seconds.
+* the workloads (``performance/interrupt_long_tail.py``): 16 prompts x 8 samples a step,
+  ``max_staleness 1``, ``max_inflight 2`` (32 groups), with 128 engine slots (``interrupt_long_tail_groups``:
+  the trainer is the slower side) or 16 (``interrupt_long_tail_slots16``: the engine is); the completion
+  lengths each mode trained (drawn with replacement), the trainer's update seconds per trained token
+  (``perf/train_time_s`` over the step's tokens) and the push seconds.
 
 Predicted against measured: steps per second and engine occupancy, for ``async_groups`` (the sync
 drains in-flight groups) and ``async_groups_continue`` (the push lands between two decode steps, rows
@@ -25,25 +26,97 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+from benchmarks.simulation.streaming import World
 from benchmarks.simulation.streaming.trainer import run
 
 RESULTS = Path(__file__).resolve().parents[2] / "results"
 MODES = {"async_groups": True, "async_groups_continue": False}  # mode -> drains before a sync
+WORKLOADS = {  # results file -> (how it was made, what bounds it)
+    "interrupt_long_tail_groups": (
+        "interrupt_long_tail --modes async_groups async_groups_continue",
+        "trainer",
+    ),
+    "interrupt_long_tail_slots16": (
+        "interrupt_long_tail --slots 16 --out interrupt_long_tail_slots16",
+        "engine",
+    ),
+}
 
 
-def load(name: str) -> dict[str, Any]:
+def load(name: str, command: str) -> dict[str, Any]:
     path = RESULTS / f"{name}.json"
     if not path.exists():
-        raise FileNotFoundError(
-            f"{path} is missing: run python -m benchmarks.performance.{name.split('_groups')[0]}"
-        )
+        raise FileNotFoundError(f"{path} is missing: run python -m benchmarks.performance.{command}")
     return json.loads(path.read_text())
 
 
-def calibrate_here(seed: int = 0, steps: int = 300, warmup: int = 20) -> dict[str, Any]:
-    engine = load("engine_step_cost")["summary"]
-    workload = load("interrupt_long_tail_groups")
+def calibrate_here(seed: int = 0, steps: int = 300, warmup: int = 20, joins: bool = True) -> dict[str, Any]:
+    engine = load("engine_step_cost", "engine_step_cost")["summary"]
+    rows = []
+    for name, (command, bound) in WORKLOADS.items():
+        rows += predict(engine, name, load(name, command), bound, seed, steps, warmup, joins)
+    return {
+        "engine": {k: engine[k] for k in ("a", "b", "c", "prefill_s_per_token", "prompt_len")},
+        "workloads": {name: load(name, cmd)["summary"]["config"] for name, (cmd, _) in WORKLOADS.items()},
+        "table": rows,
+        "engine_alone": {
+            name: engine_alone(engine, load(name, cmd), seed, joins) for name, (cmd, _) in WORKLOADS.items()
+        },
+    }
+
+
+def engine_alone(
+    engine: dict[str, Any], workload: dict[str, Any], seed: int, joins: bool
+) -> dict[str, float]:
+    """Generation alone (``generation_throughput`` of interrupt_long_tail: 4 steps' groups at once on one
+    continuous engine, no trainer): completion tokens/s simulated against measured. The lengths are the
+    streaming modes' (the measurement's untrained policy is not recorded)."""
     config = workload["summary"]["config"]
+    slots = config.get("slots") or config["batch"] * config["group"]
+    lengths = [n for r in workload["runs"] if r["mode"] in MODES for n in r["completion_lengths"]]
+    world = World(
+        SimpleNamespace(
+            **{k: engine[k] for k in ("a", "b", "c")},
+            prefill=engine["prefill_s_per_token"],
+            max_rows=slots,
+            kv_tokens=1 << 40,
+            per_call=False,
+            resume_prefill=0.0,
+            join_s=engine["a"] if joins else 0.0,
+            refill_at=max(1, slots // 8) if joins else 1,
+            seed=seed,
+            median_len=1,
+            sigma=0.0,
+            max_new_tokens=config["max_new_tokens"],
+            prompt_len=int(engine["prompt_len"]),
+            samples=config["group"],
+            lengths=lengths,
+        ),
+        1,
+    )
+    groups = [world.new_group(i) for i in range(4 * config["batch"])]
+    for group in groups:
+        world.add(group)
+    for group in groups:
+        world.run_until(group)
+    simulated = sum(row.target for group in groups for row in group.rows) / world.now
+    measured = workload["summary"]["generation_tokens_per_s"]["continuous"]
+    return {"measured": measured, "simulated": simulated, "error": simulated / measured - 1}
+
+
+def predict(
+    engine: dict[str, Any],
+    name: str,
+    workload: dict[str, Any],
+    bound: str,
+    seed: int,
+    steps: int,
+    warmup: int,
+    joins: bool,
+) -> list[dict[str, Any]]:
+    """One workload's rows: each streaming mode x trainer model, simulated against measured."""
+    config = workload["summary"]["config"]
+    slots = config.get("slots") or config["batch"] * config["group"]
     rows = []
     for mode, drains in MODES.items():
         measured = workload["summary"]["medians"][mode]
@@ -68,8 +141,10 @@ def calibrate_here(seed: int = 0, steps: int = 300, warmup: int = 20) -> dict[st
                 c=engine["c"],
                 prefill=engine["prefill_s_per_token"],
                 tp=1,
-                max_rows=config["batch"] * config["group"],
+                max_rows=slots,
                 kv_tokens=1 << 40,
+                join_s=engine["a"] if joins else 0.0,  # each refill is a forward of its own
+                refill_at=max(1, slots // 8) if joins else 1,  # ContinuousBatcher.compact_at
                 per_call=False,
                 resume_prefill=0.0,
                 sync_recompute=False,
@@ -95,6 +170,8 @@ def calibrate_here(seed: int = 0, steps: int = 300, warmup: int = 20) -> dict[st
             steps_per_s = 1.0 / sim["s_per_batch"]
             rows.append(
                 {
+                    "workload": name,
+                    "bound": bound,
                     "mode": mode,
                     "trainer": trainer,
                     "steps_per_s": {
@@ -114,22 +191,23 @@ def calibrate_here(seed: int = 0, steps: int = 300, warmup: int = 20) -> dict[st
                     "overhead_s": overhead,
                 }
             )
-    return {
-        "engine": {k: engine[k] for k in ("a", "b", "c", "prefill_s_per_token", "prompt_len")},
-        "workload": config,
-        "table": rows,
-    }
+    return rows
 
 
 def print_here(record: dict[str, Any]) -> dict[str, Any]:
     """Print the calibration's table; ``record`` back."""
     print(
-        f"{'mode':<22} {'trainer':<27} {'steps/s':>8} {'sim':>6} {'error':>6} {'occupancy':>9} {'sim':>6} {'error':>6}"
+        f"{'bound':<7} {'mode':<22} {'trainer':<27} {'steps/s':>8} {'sim':>6} {'error':>6} {'occupancy':>9} {'sim':>6} {'error':>6}"
     )
     for row in record["table"]:
         sp, oc = row["steps_per_s"], row["occupancy"]
         print(
-            f"{row['mode']:<22} {row['trainer']:<27} {sp['measured']:>8.2f} {sp['simulated']:>6.2f} "
+            f"{row['bound']:<7} {row['mode']:<22} {row['trainer']:<27} {sp['measured']:>8.2f} {sp['simulated']:>6.2f} "
             f"{sp['error']:>+6.0%} {oc['measured']:>9.3f} {oc['simulated']:>6.3f} {oc['error']:>+6.0%}"
+        )
+    for name, alone in record["engine_alone"].items():
+        print(
+            f"generation alone, {name}: {alone['measured']:.0f} tokens/s measured, "
+            f"{alone['simulated']:.0f} simulated ({alone['error']:+.0%})"
         )
     return record

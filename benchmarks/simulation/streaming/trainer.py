@@ -17,8 +17,39 @@ from collections import Counter
 from typing import Any
 
 from benchmarks.harness import common  # noqa: F401 - this checkout first on sys.path
-from benchmarks.simulation.streaming import GroupHandle, World
+from benchmarks.simulation.streaming import Group, World
 from unirl_lightning.rollout.controller import BatchRolloutController, admit_groups
+
+
+class GroupHandle:
+    """``GenerationHandle`` of one group, with the interrupt API the controller's ``SuspendedJobs`` uses."""
+
+    def __init__(self, world: World, group: Group) -> None:
+        self.world, self.group = world, group
+
+    def ready(self) -> bool:
+        return self.group.remaining == 0
+
+    def wait(self) -> None:
+        self.world.run_until(self.group)
+
+    def result(self) -> Group:
+        self.wait()
+        return self.group
+
+    def interrupt(self) -> bool:
+        """The engines pause as a whole (``World.pause``): nothing to stop here; True when finished."""
+        return self.group.remaining == 0
+
+    def resume(self) -> None:
+        """The rows stayed on their engine: they go on under the new version by themselves."""
+
+    def oldest_token_version(self) -> int | None:
+        versions = [r.segments[0][0] for r in self.group.rows if r.segments and not r.cancelled]
+        return min(versions) if versions else None
+
+    def partial_samples(self) -> int:
+        return sum(1 for r in self.group.rows if r.tokens and r.tokens < r.target)
 
 
 def speedup(gpus: int, cfg: Any) -> float:
