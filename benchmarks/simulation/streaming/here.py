@@ -83,7 +83,7 @@ def engine_alone(
             per_call=False,
             resume_prefill=0.0,
             join_s=engine["a"] if joins else 0.0,
-            refill_at=max(1, slots // 8) if joins else 1,
+            refill_at=max(1, slots // 8, round(slots**0.5)) if joins else 1,
             seed=seed,
             median_len=1,
             sigma=0.0,
@@ -144,7 +144,9 @@ def predict(
                 max_rows=slots,
                 kv_tokens=1 << 40,
                 join_s=engine["a"] if joins else 0.0,  # each refill is a forward of its own
-                refill_at=max(1, slots // 8) if joins else 1,  # ContinuousBatcher.compact_at
+                refill_at=max(1, slots // 8, round(slots**0.5))
+                if joins
+                else 1,  # ContinuousBatcher.compact_at
                 per_call=False,
                 resume_prefill=0.0,
                 sync_recompute=False,
