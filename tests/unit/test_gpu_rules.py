@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from unirl_lightning.cli.app import run_cli, run_plan
-from unirl_lightning.core.preflight import collective_backend, collective_device_error, sleep_level_error
+from unirl_lightning.core.device_rules import collective_backend, collective_device_error, sleep_level_error
 from unirl_lightning.engines.serving import ServedPolicy, check_checkpoint_names
 from unirl_lightning.engines.sglang import SGLangEngineConfig, sglang_engine_kwargs
 from unirl_lightning.engines.vllm import VLLMEngine, VLLMEngineConfig
@@ -321,7 +321,7 @@ def test_engines_packed_on_a_shared_gpu_must_split_it(tmp_path, capsys, monkeypa
 
 
 def test_the_optimizer_offload_frees_the_moments_under_colocate_only():
-    from unirl_lightning.core.preflight import shared_gpu_memory_error
+    from unirl_lightning.core.device_rules import shared_gpu_memory_error
 
     sizes = dict(
         gpu_gib=80, engine_gib=60, masters_gib=10, frozen_gib=0, moments_gib=20, num_gpus_per_worker=1

@@ -18,13 +18,15 @@ from typing import Any
 from jsonargparse import Namespace
 from lightning.pytorch.callbacks import ModelCheckpoint, ProgressBar
 
-from unirl_lightning.core.imports import import_callable
-from unirl_lightning.core.preflight import (
+from unirl_lightning.core.device_rules import (
     checkpoint_names_error,
-    continue_engine_error,
-    hybrid_engine_error,
     recipe_device_errors,
     renamed_by_transformers,
+)
+from unirl_lightning.core.imports import import_callable
+from unirl_lightning.core.preflight import (
+    continue_engine_error,
+    hybrid_engine_error,
     serving_engine,
     sync_replacement_error,
     weight_sync_placement_error,
@@ -244,7 +246,7 @@ def check_combinations(config: Any) -> None:
 
 
 def _checkpoint_names_error(config: Any, engine: Any) -> str | None:
-    """:func:`~unirl_lightning.core.preflight.checkpoint_names_error` for a pretrained policy whose config is
+    """:func:`~unirl_lightning.core.device_rules.checkpoint_names_error` for a pretrained policy whose config is
     on this machine (a folder, or the hub cache); others are checked when the engine is built."""
     serving = serving_engine(engine)
     policy = (

@@ -83,10 +83,10 @@ def materialize_policy(policy: PolicySpec, directory: str) -> ServedPolicy:
 
 def check_checkpoint_names(served: ServedPolicy, engine: str) -> None:
     """Refuse to serve a policy whose pushed weights would not carry the checkpoint's names
-    (:func:`~unirl_lightning.core.preflight.checkpoint_names_error`); reads the served ``config.json``."""
+    (:func:`~unirl_lightning.core.device_rules.checkpoint_names_error`); reads the served ``config.json``."""
     from transformers import AutoConfig
 
-    from unirl_lightning.core.preflight import checkpoint_names_error, renamed_by_transformers
+    from unirl_lightning.core.device_rules import checkpoint_names_error, renamed_by_transformers
 
     model_type = str(
         AutoConfig.from_pretrained(served.path, trust_remote_code=served.trust_remote_code).model_type

@@ -37,7 +37,11 @@ from typing import Any, Literal
 import torch
 
 from unirl_lightning.core.checks import require_choice, require_positive
-from unirl_lightning.core.preflight import sleep_level_error, tensor_parallel_size_for, vllm_executor_backend
+from unirl_lightning.core.device_rules import (
+    sleep_level_error,
+    tensor_parallel_size_for,
+    vllm_executor_backend,
+)
 from unirl_lightning.core.seeding import derive_seeds
 from unirl_lightning.engines.base import (
     EngineConfig,
@@ -118,7 +122,7 @@ class VLLMEngineConfig(EngineConfig):
             a share of a GPU or none); when set it must equal ``num_gpus_per_worker``.
         distributed_executor_backend: vLLM's executor for ``tensor_parallel_size > 1``; None = the
             strategy's layout decides (``"mp"`` under ``worker_layout="actor"``, ``"ray"`` under
-            ``"per_gpu"``: :func:`~unirl_lightning.core.preflight.vllm_executor_backend`).
+            ``"per_gpu"``: :func:`~unirl_lightning.core.device_rules.vllm_executor_backend`).
         enforce_eager: skip CUDA graphs / torch.compile (faster start; slower decode on GPU).
         seed: vLLM's global seed (unseeded requests draw from it).
         sleep_level: 1 = offload weights and drop the KV cache on ``sleep()``; 2 = drop both: the
@@ -205,7 +209,7 @@ class VLLMEngineConfig(EngineConfig):
         """Sleep mode on when the engine shares the trainer's device; the engine core in the training
         process under ``placement="hybrid"`` (False refused there); ``tensor_parallel_size`` from
         ``num_gpus_per_worker``; the executor for several GPUs from the worker layout
-        (:func:`~unirl_lightning.core.preflight.vllm_executor_backend`)."""
+        (:func:`~unirl_lightning.core.device_rules.vllm_executor_backend`)."""
         engine = self
         if engine.enable_sleep_mode is None:
             engine = dataclasses.replace(engine, enable_sleep_mode=settings.shares_trainer_device)

@@ -83,7 +83,7 @@ def vllm_engine_kwargs(
 ) -> dict[str, Any]:
     """``vllm.LLM``'s keyword arguments for ``served`` under ``config`` (a ``VLLMEngineConfig``; ``engine_kwargs`` win over the
     fields). ``distributed_executor_backend`` is passed when the config has one (the strategy resolves
-    None with :func:`~unirl_lightning.core.preflight.vllm_executor_backend`: ``"mp"`` for
+    None with :func:`~unirl_lightning.core.device_rules.vllm_executor_backend`: ``"mp"`` for
     ``tensor_parallel_size > 1`` under the actor layout, where vLLM's default, its Ray executor, cannot
     place an engine inside the actor's one multi-GPU bundle)."""
     kwargs: dict[str, Any] = dict(

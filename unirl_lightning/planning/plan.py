@@ -27,19 +27,21 @@ import math
 import re
 from typing import Any
 
+from unirl_lightning.core.device_rules import (
+    checkpoint_names_error,
+    recipe_device_errors,
+    renamed_by_transformers,
+    shared_gpu_memory_error,
+)
 from unirl_lightning.core.preflight import (
     SHARED_DEVICE_PLACEMENTS,
     chat_template_warning,
-    checkpoint_names_error,
     config_value,
     hybrid_engine_error,
     multi_node_ray_error,
     precision_warning,
-    recipe_device_errors,
-    renamed_by_transformers,
     resolve_weight_sync_name,
     serving_engine,
-    shared_gpu_memory_error,
     sync_replacement_error,
 )
 from unirl_lightning.planning.memory import ModelShape, step_estimate, step_memory_terms, step_peak
@@ -280,7 +282,7 @@ def _plan_placement(
 def _plan_shared_gpu(
     findings: list[Finding], figures: dict[str, Any], rollout: dict[str, Any], cluster: Cluster
 ) -> None:
-    """:func:`~unirl_lightning.core.preflight.shared_gpu_memory_error` on the estimates (vLLM engines only)."""
+    """:func:`~unirl_lightning.core.device_rules.shared_gpu_memory_error` on the estimates (vLLM engines only)."""
     train, engine = figures.get("training_gpu"), figures.get("vllm_worker_gpu")
     if not train or not engine:
         return

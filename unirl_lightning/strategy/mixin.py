@@ -19,14 +19,13 @@ import torch.distributed as dist
 from lightning.pytorch.accelerators import CPUAccelerator
 
 from unirl_lightning.core.checks import require_positive
+from unirl_lightning.core.device_rules import collective_device_error, sleep_level_error
 from unirl_lightning.core.preflight import (
     LaunchUnit,
     SyncMode,
     WorkerLayout,
-    collective_device_error,
     hybrid_engine_error,
     multi_node_ray_error,
-    sleep_level_error,
     sync_replacement_error,
     weight_sync_placement_error,
 )

@@ -21,7 +21,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from unirl_lightning.core.preflight import collective_backend, sync_replacement_error
+from unirl_lightning.core.device_rules import collective_backend
+from unirl_lightning.core.preflight import sync_replacement_error
 from unirl_lightning.distributed.sharding import full_tensor, is_sharded
 from unirl_lightning.weight_sync.base import (
     PushTargets,
@@ -186,7 +187,7 @@ class CollectiveWeightSync:
             every rank, so both sides wait as long as the ranks wait for each other); with one rank
             :data:`SINGLE_RANK_TIMEOUT_S`.
         backend: ``"nccl"`` (CUDA), ``"gloo"``, or ``"auto"``: NCCL when the trainer is on CUDA and every
-            worker's actor holds a GPU, else gloo (:func:`~unirl_lightning.core.preflight.collective_backend`).
+            worker's actor holds a GPU, else gloo (:func:`~unirl_lightning.core.device_rules.collective_backend`).
 
     Example::
 

@@ -24,10 +24,8 @@ from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from typing import Any
 
-from unirl_lightning.core.preflight import (
-    WorkerLayout,
-    tensor_parallel_size_for,  # noqa: F401 - its public home before it moved
-)
+from unirl_lightning.core.device_rules import tensor_parallel_size_for  # noqa: F401 - its public home before it moved
+from unirl_lightning.core.preflight import WorkerLayout
 
 _EPS = 1e-9
 
