@@ -98,3 +98,29 @@ def test_full_push_reaches_a_multiprocess_engine_core(monkeypatch):
         assert greedy_completions(engine) == greedy_completions(HFEngineConfig().build(tiny_policy(seed=5)))
     finally:
         engine.close()
+
+
+def test_pushes_are_vllms_own_update_sessions_and_a_failed_bucket_puts_every_layer_back():
+    """Pushes run as vLLM's weight-transfer sessions on the engine's "unirl" backend: vLLM's worker
+    refuses a chunk outside a session (its own guard), and a bucket that fails mid-push raises, ends
+    the session and finalizes the layerwise reload (every layer back), so the engine still generates
+    and the next push lands whole (greedy equal to HF on the pushed weights)."""
+    engine = VLLMEngineConfig(bucket_mb=0.01).build(tiny_policy())  # ~one layer per bucket
+    try:
+        assert engine.llm.llm_engine.vllm_config.weight_transfer_config.backend == "unirl"
+        with pytest.raises(Exception, match="start_weight_update must be called before update_weights"):
+            engine.llm.collective_rpc("update_weights", kwargs={"update_info": {"bucket": []}})
+        new_model, _ = tiny_policy(seed=5).build()
+        items = list(named_weights(new_model).items())
+        name, tensor = items[-1]
+        broken = items[:-1] + [
+            (name, torch.zeros(tensor.shape[0] + 3, *tensor.shape[1:]))
+        ]  # a wrong shape, last
+        with pytest.raises(Exception):  # noqa: B017 - vLLM's loader raises its own assertion
+            engine.load_weights(broken, weight_version=1)
+        assert engine.weight_version == 0
+        assert greedy_completions(engine)  # still serving: no layer left unloaded
+        engine.load_weights(items, weight_version=2)
+        assert greedy_completions(engine) == greedy_completions(HFEngineConfig().build(tiny_policy(seed=5)))
+    finally:
+        engine.close()

@@ -8,8 +8,10 @@ and why:
 * prompts go in as the policy tokenizer's ids; each sample is its own ``n=1`` request, sample ``k``
   of a seeded request seeded ``derive_seed(seed, k)``; a prompt that cannot fit ``max_model_len``
   with ``max_new_tokens`` is refused naming the numbers;
-* full-weight pushes load bucket by bucket in one update session (``weight_update``: ``reload`` on
-  CPU, ``load_weights`` on GPU, ``auto`` picks), LoRA pushes load a fresh PEFT adapter, and the
+* full-weight pushes load bucket by bucket in one of vLLM's own update sessions
+  (``start_weight_update`` / ``update_weights`` / ``finish_weight_update`` on the ``"unirl"``
+  weight-transfer backend, :mod:`~unirl_lightning.engines.vllm_transfer`; ``weight_update``: ``reload``
+  on CPU, ``load_weights`` on GPU, ``auto`` picks), LoRA pushes load a fresh PEFT adapter, and the
   prefix cache is reset after every update;
 * with ``weight_sync="collective"`` the group member is vLLM's own worker process
   (:class:`~unirl_lightning.engines.vllm_worker.VLLMWorkerExtension`), receiving on its device;
@@ -290,6 +292,7 @@ class VLLMEngine(VLLMWeights, RowGeneration):
                 "environment once an engine has started in this process; set the variable to 0 before the "
                 "first vLLM engine starts"
             )
+        self.init_weight_transfer()  # vLLM's weight-transfer engine: this library's backend ("unirl")
 
     def _start(self, kwargs: dict[str, Any]) -> Any:
         """The running engine: the offline ``vllm.LLM`` (the continuous engine starts ``AsyncLLM``)."""

@@ -115,5 +115,14 @@ def vllm_engine_kwargs(
         kwargs["enable_sleep_mode"] = True
     if config.distributed_executor_backend is not None:
         kwargs["distributed_executor_backend"] = config.distributed_executor_backend
+    transfer = config.engine_kwargs.get("weight_transfer_config")
+    backend = transfer.get("backend") if isinstance(transfer, dict) else getattr(transfer, "backend", None)
+    if transfer is not None and backend != "unirl":
+        raise ValueError(
+            f"engine.init_args.engine_kwargs.weight_transfer_config sets backend={backend!r}: the engine pushes "
+            "through vLLM's weight-transfer calls on its own backend, 'unirl' (the trainer's weight_sync picks "
+            "the transport: object_store or collective); remove weight_transfer_config"
+        )
+    kwargs["weight_transfer_config"] = {"backend": "unirl"}
     kwargs.update(config.engine_kwargs)
     return kwargs

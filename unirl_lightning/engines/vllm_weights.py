@@ -1,8 +1,10 @@
 """How pushed weights get into a vLLM engine (the weights half of :class:`~unirl_lightning.engines.vllm.VLLMEngine`):
-full weights in one update session (whole, or streamed bucket by bucket), LoRA adapters through files,
-and the collective backend's two ways in: vLLM's worker process joins the weight-sync group itself
-(one vLLM worker, full weights), or this process relays each bucket as it arrives (LoRA, or several
-vLLM workers)."""
+full weights in one of vLLM's own update sessions (``start_weight_update`` -> ``update_weights`` per
+bucket -> ``finish_weight_update``, whole or streamed bucket by bucket, on the ``"unirl"`` backend of
+:mod:`~unirl_lightning.engines.vllm_transfer`), LoRA adapters through files, and the collective
+backend's two ways in: vLLM's worker process joins the weight-sync group itself
+(``init_weight_transfer_engine``; one vLLM worker, full weights), or this process relays each bucket
+as it arrives (LoRA, or several vLLM workers)."""
 
 from __future__ import annotations
 
@@ -59,9 +61,16 @@ class VLLMWeights:
         self._weights_dropped = False  # every weight restored
 
     # a streamed push (BucketedWeightLoader): one update session around every bucket of the push
+    def init_weight_transfer(self, group: dict[str, Any] | None = None) -> None:
+        """vLLM's ``init_weight_transfer_engine`` on every worker: the backend's reload setting, and the
+        weight-sync group to join (``group``), if any."""
+        info = {"reload": self.weight_update == "reload", "group": group}
+        self.llm.collective_rpc("init_weight_transfer_engine", kwargs={"init_info": info})
+
     def begin_weight_load(self) -> None:
         self.wake(["weights"])  # colocated: the KV cache wakes after the push
-        self.llm.collective_rpc("unirl_begin_weight_update", args=(self.weight_update == "reload",))
+        self.llm.collective_rpc("start_weight_update")
+        self._session_open = True
 
     def load_weight_bucket(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
         """Full weights only (an adapter push is one ``load_weights``); the caller's buckets must not
@@ -69,13 +78,21 @@ class VLLMWeights:
         for bucket in weight_buckets(
             list(named_tensors), int(self.config.bucket_mb * 1024**2), whole_layers=True
         ):
-            self.llm.collective_rpc(
-                "unirl_load_weight_bucket",
-                args=(bucket if self.in_process else pack_tensors(bucket, as_bytes=True),),
-            )
+            self._update({"bucket": bucket if self.in_process else pack_tensors(bucket, as_bytes=True)})
+
+    def _update(self, update_info: dict[str, Any]) -> None:
+        """One ``update_weights`` chunk; when it fails, vLLM's worker ends the session itself (the
+        backend puts every layer back), so :meth:`finish_weight_load` must not end it again."""
+        try:
+            self.llm.collective_rpc("update_weights", kwargs={"update_info": update_info})
+        except BaseException:
+            self._session_open = False
+            raise
 
     def finish_weight_load(self, weight_version: int | None) -> None:
-        self.llm.collective_rpc("unirl_finish_weight_update")
+        if getattr(self, "_session_open", False):
+            self._session_open = False
+            self.llm.collective_rpc("finish_weight_update")
         self.llm.reset_prefix_cache()
         if weight_version is not None:  # a streamed push's end: every weight restored
             self.weight_version = weight_version
@@ -130,10 +147,11 @@ class VLLMWeights:
         if not self._worker_is_member():
             self._weight_relay = CollectiveReceiver(backend, host, port, rank, world_size, timeout_s)
             return
-        self.weight_group_pids = self.llm.collective_rpc(
-            "unirl_join_weight_group",
-            args=(backend, host, int(port), int(rank), int(world_size), float(timeout_s)),
+        group = dict(
+            host=host, port=int(port), rank=int(rank), world_size=int(world_size), timeout_s=float(timeout_s)
         )
+        self.init_weight_transfer({"backend": backend, **group})
+        self.weight_group_pids = [state["pid"] for state in self.llm.collective_rpc("unirl_transfer_state")]
 
     def receive_weights(self, layout: Any, dtypes: Any, weight_version: int) -> None:
         """Receive one broadcast push (``layout``: buckets of ``(name, shape)``; ``dtypes``: one per
@@ -157,17 +175,17 @@ class VLLMWeights:
                 "got LoRA adapter tensors but this engine was built without a LoraSpec (the module's lora "
                 "is None)"
             )
-        self.wake(["weights"])
-        rpc = self.llm.collective_rpc
-        rpc("unirl_begin_weight_update", args=(self.weight_update == "reload",))
+        self.begin_weight_load()
         try:
-            self.last_receive = rpc(
-                "unirl_receive_weights",
-                args=(wire_layout(layout), dtype_names(dtypes), bool(getattr(self, "record_digests", False))),
+            digests = bool(getattr(self, "record_digests", False))
+            self._update(
+                {"layout": wire_layout(layout), "dtype_names": dtype_names(dtypes), "digests": digests}
             )
+            self.last_receive = [
+                state["last_receive"] for state in self.llm.collective_rpc("unirl_transfer_state")
+            ]
         finally:  # an interrupted reload must still put every layer back
-            rpc("unirl_finish_weight_update")
-            self.llm.reset_prefix_cache()
+            self.finish_weight_load(None)
         self.weight_version = weight_version
         self._weights_dropped = False
 
@@ -203,5 +221,5 @@ class VLLMWeights:
 
     def leave_weight_group(self) -> None:
         if getattr(self, "_weight_relay", None) is None and hasattr(self, "_weight_relay"):
-            self.llm.collective_rpc("unirl_leave_weight_group")
+            self.llm.collective_rpc("shutdown_weight_transfer_engine")
         self.__dict__.pop("_weight_relay", None)
