@@ -31,21 +31,16 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from vllm.distributed.weight_transfer.base import (
-    WeightTransferEngine,
-    WeightTransferInitInfo,
-    WeightTransferUpdateInfo,
-)
 
 from unirl_lightning.weight_sync.buckets import unpack_tensors
 
-__all__ = ["BACKEND", "UnirlWeightTransferEngine", "register"]
+__all__ = ["BACKEND", "UnirlTransfer", "engine_class", "register"]
 
 BACKEND = "unirl"
 
 
 @dataclass
-class UnirlInitInfo(WeightTransferInitInfo):
+class UnirlInitInfo:
     """``reload``: run vLLM's layerwise reload around each session; ``group``: join the trainer's
     weight-sync group (``backend``, ``host``, ``port``, ``rank``, ``world_size``, ``timeout_s``)."""
 
@@ -54,7 +49,7 @@ class UnirlInitInfo(WeightTransferInitInfo):
 
 
 @dataclass
-class UnirlUpdateInfo(WeightTransferUpdateInfo):
+class UnirlUpdateInfo:
     """One chunk: a packed ``bucket``, or a broadcast's ``layout`` and ``dtype_names`` (``digests``:
     record a sha256 of each received tensor, a test's check)."""
 
@@ -64,13 +59,19 @@ class UnirlUpdateInfo(WeightTransferUpdateInfo):
     digests: bool = False
 
 
-class UnirlWeightTransferEngine(WeightTransferEngine[UnirlInitInfo, UnirlUpdateInfo]):
-    """The ``"unirl"`` backend (module docstring). ``last_receive`` holds the last broadcast's
-    receiving pid per bucket, tensor count and digests (read with ``unirl_transfer_state``)."""
+class UnirlTransfer:
+    """The ``"unirl"`` backend's methods (module docstring), combined with vLLM's
+    ``WeightTransferEngine`` by :func:`engine_class` (so this module imports without vLLM).
+    ``last_receive`` holds the last broadcast's receiving pid per bucket, tensor count and digests
+    (read with ``unirl_transfer_state``)."""
 
     init_info_cls = UnirlInitInfo
     update_info_cls = UnirlUpdateInfo
     supports_draft_weight_update = False
+
+    device: torch.device
+    model: Any
+    model_config: Any
 
     def __init__(self, config: Any, vllm_config: Any, device: torch.device, model: torch.nn.Module) -> None:
         super().__init__(config, vllm_config, device, model)
@@ -149,11 +150,18 @@ def digest(tensor: torch.Tensor) -> str:
     return hashlib.sha256(data.tobytes()).hexdigest()
 
 
+def engine_class() -> type:
+    """The backend's class: :class:`UnirlTransfer` on vLLM's ``WeightTransferEngine`` (imports vLLM)."""
+    from vllm.distributed.weight_transfer.base import WeightTransferEngine
+
+    return type("UnirlWeightTransferEngine", (UnirlTransfer, WeightTransferEngine), {"__module__": __name__})
+
+
 def register() -> None:
-    """Register the backend with vLLM's factory (once per process)."""
+    """Register the backend with vLLM's factory (once per process; imports vLLM)."""
     from vllm.distributed.weight_transfer.factory import WeightTransferEngineFactory
 
     try:
-        WeightTransferEngineFactory.register_engine(BACKEND, UnirlWeightTransferEngine)
+        WeightTransferEngineFactory.register_engine(BACKEND, engine_class())
     except ValueError:  # already registered in this process
         pass
