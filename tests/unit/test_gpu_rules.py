@@ -145,7 +145,7 @@ class SleepingLLM:
     def wake_up(self, tags: list[str]) -> None:
         self.calls.append("wake_up")
 
-    def collective_rpc(self, method: str, args: tuple = ()) -> list:
+    def collective_rpc(self, method: str, args: tuple = (), kwargs: dict | None = None) -> list:
         self.calls.append(method)
         return []
 
