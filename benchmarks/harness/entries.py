@@ -79,7 +79,16 @@ ENTRIES: list[Entry] = [
         "HF vs vLLM-CPU on SmolLM2: tokens/s and push time (make bench-engines)",
         args=("--prompts", "8", "--n", "4", "--repeats", "2", "--warmup", "1", "--pushes", "3"),
         smoke=("--model", "tiny", "--prompts", "2", "--n", "2", "--max-new-tokens", "4", "--repeats", "1")
-        + ("--warmup", "0", "--pushes", "1", "--hidden-size", "32", "--num-layers", "1"),
+        + (
+            "--warmup",
+            "0",
+            "--pushes",
+            "1",
+            "--hidden-size",
+            "64",
+            "--num-layers",
+            "1",
+        ),  # head size 32: vLLM-CPU's least
         needs=("vllm", "smollm2"),
         smoke_needs=(),
         venv="vllm",
