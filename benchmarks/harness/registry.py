@@ -9,8 +9,8 @@
 in its own process, into a temporary results folder (``--output DIR`` keeps them there; never
 ``benchmarks/results``): it checks that every script still runs, not what it measures. ``--bench``
 (``make bench``) runs the entries marked ``bench`` with their full arguments, then ``plot``, into
-``benchmarks/results``. ``--run NAME`` runs one entry (its full arguments, or ``--smoke``'s), with any
-arguments after ``--`` appended. An entry whose needs are not met is skipped with the reason.
+``benchmarks/results``. ``--run NAME`` runs one entry (its full arguments into ``benchmarks/results``,
+or ``--smoke``'s into a temporary folder), with any arguments after ``--`` appended. An entry whose needs are not met is skipped with the reason.
 
 The entries, their costs and their needs are listed in ``entries.py``.
 """
@@ -59,7 +59,12 @@ def main(argv: list[str] | None = None) -> int:
         if reason is not None:
             print(f"{entry.name}: skipped: {reason}")
             return 0
-        return run_entry(entry, args.smoke, output, args.extra)[0]
+        if not args.smoke or output is not None:
+            return run_entry(entry, args.smoke, output, args.extra)[0]
+        with tempfile.TemporaryDirectory(
+            prefix="bench-smoke-"
+        ) as folder:  # a smoke run never overwrites results
+            return run_entry(entry, True, Path(folder), args.extra)[0]
     if args.bench:
         return 1 if run_many([e for e in ENTRIES if e.bench], smoke=False, output=output) else 0
     if not args.smoke:
