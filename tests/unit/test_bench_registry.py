@@ -164,3 +164,10 @@ def test_the_results_folder_follows_output_and_the_environment(monkeypatch, tmp_
     assert envelope.results_path("vs_trl") == tmp_path / "vs_trl.json"
     path = common.write_results({"a": 1}, "vs_trl", config=config)
     assert path == tmp_path / "vs_trl.json" and json.loads(path.read_text())["envelope"]["config"] == config
+
+
+def test_a_smoke_run_of_one_entry_never_writes_over_the_committed_results():
+    results = Path(envelope.results_path("controller_overhead"))
+    before = results.read_bytes()
+    assert registry.main(["--run", "controller_overhead", "--smoke"]) == 0
+    assert results.read_bytes() == before
