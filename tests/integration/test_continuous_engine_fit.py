@@ -92,13 +92,13 @@ def test_weights_pushed_without_draining_continue_the_rows_in_place_within_the_b
 
 
 def test_continuing_through_a_push_needs_an_engine_that_loads_between_decode_steps():
-    from unirl_lightning.core.preflight import continue_engine_error, interrupt_placement_error
+    from unirl_lightning.core.preflight import continue_engine_error, sync_mode_placement_error
 
     assert continue_engine_error("continue", HFEngineConfig(batching="continuous")) is None
     assert "sync_mode='continue' pushes weights while generation goes on" in continue_engine_error(
         "continue", HFEngineConfig()
     )
-    assert "sync_mode='continue' needs placement='separate'" in interrupt_placement_error(
+    assert "sync_mode='continue' needs placement='separate'" in sync_mode_placement_error(
         "continue", "colocate"
     )
     with pytest.raises(ValueError, match="sync_mode must be one of"):

@@ -331,10 +331,10 @@ def test_interrupt_needs_placement_separate_and_the_message_names_both_keys() ->
     import pytest
 
     from tests.builders import rollout_settings
-    from unirl_lightning.core.preflight import interrupt_placement_error
+    from unirl_lightning.core.preflight import sync_mode_placement_error
 
-    assert interrupt_placement_error("interrupt", "separate") is None
-    assert interrupt_placement_error("quiesce", "colocate") is None
+    assert sync_mode_placement_error("interrupt", "separate") is None
+    assert sync_mode_placement_error("quiesce", "colocate") is None
     with pytest.raises(
         ValueError, match=r"sync_mode='interrupt' needs placement='separate', got placement='colocate'"
     ):

@@ -28,7 +28,7 @@ __all__ = [
     "config_value",
     "fused_optimizer_allowed",
     "hybrid_engine_error",
-    "interrupt_placement_error",
+    "sync_mode_placement_error",
     "multi_node_ray_error",
     "placement_schedule_error",
     "serving_engine",
@@ -64,6 +64,8 @@ LOW_PRECISION_DTYPES = frozenset({"bfloat16", "float16"})
 
 
 SyncMode = Literal["quiesce", "interrupt", "continue"]
+"""How a weight sync treats the requests in flight: wait for them, interrupt and resume them, or
+continue them in place under the new weights."""
 SYNC_MODES = get_args(SyncMode)
 LaunchUnit = Literal["request", "group"]
 LAUNCH_UNITS = get_args(LaunchUnit)
@@ -83,10 +85,7 @@ def launch_unit_error(launch_unit: str, sync_mode: str) -> str | None:
     return None
 
 
-"""How a weight sync treats the requests in flight: wait for them, or interrupt and resume them."""
-
-
-def interrupt_placement_error(sync_mode: str, placement: str) -> str | None:
+def sync_mode_placement_error(sync_mode: str, placement: str) -> str | None:
     """``sync_mode`` must be one of :data:`SYNC_MODES`; ``"interrupt"`` resumes requests with new weights
     while the trainer goes on, which needs generators on devices of their own (``placement="separate"``):
     a colocated run is synchronous (nothing is in flight at a sync, there is nothing to interrupt)."""

@@ -16,9 +16,9 @@ from unirl_lightning.core.preflight import (
     Placement,
     SyncMode,
     WorkerLayout,
-    interrupt_placement_error,
     launch_unit_error,
     placement_schedule_error,
+    sync_mode_placement_error,
 )
 from unirl_lightning.core.seeding import global_seed, rank_seed
 from unirl_lightning.engines import check_engine_name
@@ -39,7 +39,7 @@ def check_rollout_settings(
 ) -> None:
     """The rules between rollout settings, checked once (the strategy and the CLI call this)."""
     require_choice("placement", placement, Placement)
-    error = interrupt_placement_error(sync_mode, placement)
+    error = sync_mode_placement_error(sync_mode, placement)
     if error is not None:
         raise ValueError(error)
     require_at_least("max_staleness", max_staleness, 0)
