@@ -154,7 +154,8 @@ def test_write_result_adds_the_envelope_with_the_config(tmp_path):
 
 
 def test_the_results_folder_follows_output_and_the_environment(monkeypatch, tmp_path):
-    monkeypatch.delenv(envelope.RESULTS_ENV, raising=False)
+    monkeypatch.setenv(envelope.RESULTS_ENV, "")  # recorded, so --output's setting is undone after the test
+    monkeypatch.delenv(envelope.RESULTS_ENV)
     assert envelope.results_path("vs_trl") == BENCHMARKS / "results" / "vs_trl.json"
     assert envelope.results_path(tmp_path / "a.json") == tmp_path / "a.json"
     parser = common.script_parser("doc")
@@ -166,8 +167,9 @@ def test_the_results_folder_follows_output_and_the_environment(monkeypatch, tmp_
     assert path == tmp_path / "vs_trl.json" and json.loads(path.read_text())["envelope"]["config"] == config
 
 
-def test_a_smoke_run_of_one_entry_never_writes_over_the_committed_results():
-    results = Path(envelope.results_path("controller_overhead"))
+def test_a_smoke_run_of_one_entry_never_writes_over_the_committed_results(monkeypatch):
+    monkeypatch.delenv(envelope.RESULTS_ENV, raising=False)  # an --output of another test may linger
+    results = BENCHMARKS / "results" / "controller_overhead.json"
     before = results.read_bytes()
     assert registry.main(["--run", "controller_overhead", "--smoke"]) == 0
     assert results.read_bytes() == before
