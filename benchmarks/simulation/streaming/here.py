@@ -51,17 +51,38 @@ def load(name: str, command: str) -> dict[str, Any]:
 
 
 def calibrate_here(seed: int = 0, steps: int = 300, warmup: int = 20, joins: bool = True) -> dict[str, Any]:
+    """Both workloads predicted; ``joins=False`` leaves out the HF engine's refill (every freed slot
+    refilled at once, joins free), the comparison docs/benchmarks.md quotes."""
     engine = load("engine_step_cost", "engine_step_cost")["summary"]
+    workloads = {name: (load(name, command), bound) for name, (command, bound) in WORKLOADS.items()}
     rows = []
-    for name, (command, bound) in WORKLOADS.items():
-        rows += predict(engine, name, load(name, command), bound, seed, steps, warmup, joins)
+    for name, (workload, bound) in workloads.items():
+        rows += predict(engine, name, workload, bound, seed, steps, warmup, joins)
     return {
         "engine": {k: engine[k] for k in ("a", "b", "c", "prefill_s_per_token", "prompt_len")},
-        "workloads": {name: load(name, cmd)["summary"]["config"] for name, (cmd, _) in WORKLOADS.items()},
+        "workloads": {name: workload["summary"]["config"] for name, (workload, _) in workloads.items()},
         "table": rows,
-        "engine_alone": {
-            name: engine_alone(engine, load(name, cmd), seed, joins) for name, (cmd, _) in WORKLOADS.items()
-        },
+        "engine_alone": {name: engine_alone(engine, w, seed, joins) for name, (w, _) in workloads.items()},
+    }
+
+
+def slots_of(config: dict[str, Any]) -> int:
+    return config.get("slots") or config["batch"] * config["group"]
+
+
+def engine_cfg(engine: dict[str, Any], slots: int, joins: bool) -> dict[str, Any]:
+    """The simulated HF continuous engine: the measured step costs, ``slots`` rows, no KV bound, and
+    (``joins``) its refill: one forward per join, rows taken once ``refill_at`` slots are free (the
+    batcher's ``compact_at`` rule, which a unit test pins to this one)."""
+    return {
+        **{k: engine[k] for k in ("a", "b", "c")},
+        "prefill": engine["prefill_s_per_token"],
+        "max_rows": slots,
+        "kv_tokens": 1 << 40,
+        "per_call": False,
+        "resume_prefill": 0.0,
+        "join_s": engine["a"] if joins else 0.0,
+        "refill_at": max(1, slots // 8, round(slots**0.5)) if joins else 1,
     }
 
 
@@ -72,18 +93,10 @@ def engine_alone(
     continuous engine, no trainer): completion tokens/s simulated against measured. The lengths are the
     streaming modes' (the measurement's untrained policy is not recorded)."""
     config = workload["summary"]["config"]
-    slots = config.get("slots") or config["batch"] * config["group"]
     lengths = [n for r in workload["runs"] if r["mode"] in MODES for n in r["completion_lengths"]]
     world = World(
         SimpleNamespace(
-            **{k: engine[k] for k in ("a", "b", "c")},
-            prefill=engine["prefill_s_per_token"],
-            max_rows=slots,
-            kv_tokens=1 << 40,
-            per_call=False,
-            resume_prefill=0.0,
-            join_s=engine["a"] if joins else 0.0,
-            refill_at=max(1, slots // 8, round(slots**0.5)) if joins else 1,
+            **engine_cfg(engine, slots_of(config), joins),
             seed=seed,
             median_len=1,
             sigma=0.0,
@@ -116,7 +129,6 @@ def predict(
 ) -> list[dict[str, Any]]:
     """One workload's rows: each streaming mode x trainer model, simulated against measured."""
     config = workload["summary"]["config"]
-    slots = config.get("slots") or config["batch"] * config["group"]
     rows = []
     for mode, drains in MODES.items():
         measured = workload["summary"]["medians"][mode]
@@ -136,19 +148,8 @@ def predict(
                 sigma=0.0,
                 max_new_tokens=config["max_new_tokens"],
                 seed=seed,
-                a=engine["a"],
-                b=engine["b"],
-                c=engine["c"],
-                prefill=engine["prefill_s_per_token"],
                 tp=1,
-                max_rows=slots,
-                kv_tokens=1 << 40,
-                join_s=engine["a"] if joins else 0.0,  # each refill is a forward of its own
-                refill_at=max(1, slots // 8, round(slots**0.5))
-                if joins
-                else 1,  # ContinuousBatcher.compact_at
-                per_call=False,
-                resume_prefill=0.0,
+                **engine_cfg(engine, slots_of(config), joins),
                 sync_recompute=False,
                 async_recompute=False,
                 push_s=measured["push_s"],
