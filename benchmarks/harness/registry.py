@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import shutil
 import sys
 import tempfile
 from pathlib import Path
@@ -53,32 +52,29 @@ def main(argv: list[str] | None = None) -> int:
     if (args.jobs != 1 or args.only) and (args.run or not args.smoke):
         parser.error("--jobs and --only go with --smoke alone (a measurement runs alone)")
     output = args.output.resolve() if args.output else None
+    if args.smoke and not args.bench and output is None:  # a smoke run never writes into benchmarks/results
+        with tempfile.TemporaryDirectory(prefix="bench-smoke-") as folder:
+            print(f"smoke results in {folder} (removed at the end; --output DIR keeps them)", flush=True)
+            return dispatch(args, Path(folder))
+    return dispatch(args, output)
+
+
+def dispatch(args: argparse.Namespace, output: Path | None) -> int:
+    """Run what ``args`` asks, with its results in ``output`` (None: benchmarks/results)."""
     if args.run:
         entry = BY_NAME[args.run]
         reason = skip_reason(entry, args.smoke)
         if reason is not None:
             print(f"{entry.name}: skipped: {reason}")
             return 0
-        if not args.smoke or output is not None:
-            return run_entry(entry, args.smoke, output, args.extra)[0]
-        with tempfile.TemporaryDirectory(
-            prefix="bench-smoke-"
-        ) as folder:  # a smoke run never overwrites results
-            return run_entry(entry, True, Path(folder), args.extra)[0]
+        return run_entry(entry, args.smoke, output, args.extra)[0]
     if args.bench:
         return 1 if run_many([e for e in ENTRIES if e.bench], smoke=False, output=output) else 0
     if not args.smoke:
         print(table(ENTRIES))
         return 0
     entries = [BY_NAME[name] for name in args.only] if args.only else ENTRIES
-    if output is not None:
-        return 1 if run_many(entries, smoke=True, output=output, jobs=args.jobs) else 0
-    folder = Path(tempfile.mkdtemp(prefix="bench-smoke-"))
-    try:
-        print(f"smoke results in {folder} (removed at the end; --output DIR keeps them)", flush=True)
-        return 1 if run_many(entries, smoke=True, output=folder, jobs=args.jobs) else 0
-    finally:
-        shutil.rmtree(folder, ignore_errors=True)
+    return 1 if run_many(entries, smoke=True, output=output, jobs=args.jobs) else 0
 
 
 if __name__ == "__main__":

@@ -60,13 +60,13 @@ class VLLMWeights:
             self.finish_weight_load(None)
         self._weights_dropped = False  # every weight restored
 
-    # a streamed push (BucketedWeightLoader): one update session around every bucket of the push
     def init_weight_transfer(self, group: dict[str, Any] | None = None) -> None:
         """vLLM's ``init_weight_transfer_engine`` on every worker: the backend's reload setting, and the
         weight-sync group to join (``group``), if any."""
         info = {"reload": self.weight_update == "reload", "group": group}
         self.llm.collective_rpc("init_weight_transfer_engine", kwargs={"init_info": info})
 
+    # a streamed push (BucketedWeightLoader): one update session around every bucket of the push
     def begin_weight_load(self) -> None:
         self.wake(["weights"])  # colocated: the KV cache wakes after the push
         self.llm.collective_rpc("start_weight_update")

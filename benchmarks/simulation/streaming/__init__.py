@@ -116,7 +116,7 @@ class Engine:
         """Start queued rows in free slots (continuous batching: once ``refill_at`` slots are free, or the
         queue fits, or the batch is empty; per call: into an empty batch); a fill that starts rows costs
         ``join_s`` (the fixed cost of their prefill's forward)."""
-        w, started = self.world, self.rows
+        w, before = self.world, self.rows
         free = w.max_rows - self.rows
         if self.rows and (w.per_call or (free < w.refill_at and free < len(self.queue))):
             return
@@ -139,7 +139,7 @@ class Engine:
             self.ctx += grow
             w.seq += 1
             heapq.heappush(self.heap, (row.finish, w.seq, row))
-        if self.rows > started and w.now > self.joined_at:  # rows that arrive together join in one forward
+        if self.rows > before and w.now > self.joined_at:  # rows that arrive together join in one forward
             self.joined_at = w.now
             self.t += w.join_s
             self.row_seconds += self.rows * w.join_s  # busy for every row, as the engine counts it
