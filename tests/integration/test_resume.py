@@ -54,9 +54,11 @@ def run(tmp_path, max_steps, ckpt_path=None, launch_unit="request"):
     )
     trainer.fit(tiny_module(), datamodule=unique_prompts(), ckpt_path=ckpt_path)
     loop = strategy.runtime.loop
-    # drawn but not trained: launched (in flight or buffered), or drawn and not yet launched (groups)
-    leftover = {r["prompt"] for records in loop.untrained.values() for r in records}
-    leftover |= {r["prompt"] for r in loop.pending_records}
+    # drawn but not trained, as the loop would save it for the next resume: launched (in flight or
+    # buffered), queued for relaunch by this resume, or drawn and not yet launched (groups)
+    saved = loop.loop_state()
+    leftover = {r["prompt"] for records in saved["untrained"] for r in records}
+    leftover |= {r["prompt"] for r in saved["pending_records"]}
     strategy.shutdown()
     return recorder, leftover, loop
 

@@ -113,8 +113,11 @@ def test_group_launches_keep_the_bound_and_lose_or_repeat_no_prompt_across_a_res
         launches[g] for g in loop.recent_evicted_gen_ids
     }
     assert first.loop.evicted_groups + loop.evicted_groups >= len(evicted)
-    held = {r["prompt"] for records in loop.untrained.values() for r in records}
-    held |= {r["prompt"] for r in loop.pending_records}
+    # held: what the loop would save for the next resume (launched-but-untrained groups, the relaunches
+    # a resume queued and the run ended before, the batch drawn but not launched)
+    saved = loop.loop_state()
+    held = {r["prompt"] for records in saved["untrained"] for r in records}
+    held |= {r["prompt"] for r in saved["pending_records"]}
     drawn = set(prompts) | evicted | held
     reached = max(int(p[1:]) for p in drawn)
     assert drawn == {f"p{i}" for i in range(reached + 1)}, "a prompt drawn before the kill was lost"
