@@ -18,8 +18,9 @@ seconds so far (time-averaged active rows / slots is their ratio over ``max_batc
 
 from __future__ import annotations
 
+import contextlib
 import threading
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 import torch
@@ -77,6 +78,22 @@ class ContinuousHFEngine(HFEngine):
             except BaseException as error:  # noqa: BLE001 - every waiting call gets it
                 self._fail(error)
 
+    @contextlib.contextmanager
+    def _exclusive(self) -> Iterator[None]:
+        """The step lock, taken ahead of the loop: the loop finishes the step it is in and waits until
+        this caller is done. A plain lock is not fair: the loop takes it again between two steps before
+        a waiting caller wakes, so a weight push or a submit could wait out many steps (a push made the
+        trainer wait ~10x longer while the engine decoded than while it was idle)."""
+        with self._work:
+            self._held += 1
+        try:
+            with self._lock:
+                yield
+        finally:
+            with self._work:
+                self._held -= 1
+                self._work.notify_all()
+
     def _fail(self, error: BaseException) -> None:
         """End every queued and decoding row with ``error`` (each waiting call raises it)."""
         with self._lock:
@@ -113,15 +130,13 @@ class ContinuousHFEngine(HFEngine):
         ]
         if not remaining[0]:
             return []
-        with self._work:
+        with self._exclusive():  # closed is read under the step lock: close() aborts every row added before it
             if self._closed:
                 raise RuntimeError("the HF engine was closed")
-            with self._lock:
-                for group in rows:
-                    for row in group:
-                        self.batcher.add(row)
+            for group in rows:
+                for row in group:
+                    self.batcher.add(row)
             self._ensure_thread()
-            self._work.notify()
         done.wait()
         if errors:
             raise errors[0]
@@ -157,11 +172,11 @@ class ContinuousHFEngine(HFEngine):
 
     # -- weights: loaded between two decode steps ------------------------------------------------------
     def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], weight_version: int) -> None:
-        with self._lock:
+        with self._exclusive():
             super().load_weights(named_tensors, weight_version)
 
     def share_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], weight_version: int) -> int:
-        with self._lock:
+        with self._exclusive():
             return super().share_weights(named_tensors, weight_version)
 
     def begin_weight_load(self) -> None:
@@ -184,15 +199,15 @@ class ContinuousHFEngine(HFEngine):
                 self._work.notify_all()
 
     def generate_ids(self, prompt_ids, sampling, seed=None):  # the agentic entry point: one call at a time
-        with self._lock:
+        with self._exclusive():
             return super().generate_ids(prompt_ids, sampling, seed)
 
     def sleep(self) -> None:
-        with self._lock:
+        with self._exclusive():
             super().sleep()
 
     def wake(self, tags: list[str] | None = None) -> None:
-        with self._lock:
+        with self._exclusive():
             super().wake(tags)
 
     def close(self) -> None:
