@@ -29,7 +29,7 @@ def built():
     return model.eval(), tok
 
 
-def batcher(built, max_rows: int) -> ContinuousBatcher:
+def batcher(built, max_rows: int, stage: bool = True) -> ContinuousBatcher:
     model, tok = built
     return ContinuousBatcher(
         model,
@@ -39,6 +39,7 @@ def batcher(built, max_rows: int) -> ContinuousBatcher:
         max_rows=max_rows,
         max_positions=96,
         tokenizer=tok,
+        stage=stage,
     )
 
 
@@ -52,12 +53,13 @@ def run(b: ContinuousBatcher, rows: list[BatchRow]) -> int:
     return steps
 
 
-def test_greedy_rows_joining_at_different_times_match_generate_alone(built):
+@pytest.mark.parametrize("stage", [True, False], ids=["staged", "joined"])
+def test_greedy_rows_joining_at_different_times_match_generate_alone(built, stage):
     model, tok = built
     prompts = [tok(t)["input_ids"] for t in TEXTS]
     sampling = SamplingParams(temperature=0.0, max_new_tokens=12)
     rows = [BatchRow(p, sampling) for p in prompts]
-    run(batcher(built, max_rows=2), rows)  # 2 slots: rows join as others leave, at other widths
+    run(batcher(built, max_rows=2, stage=stage), rows)  # 2 slots: rows join as others leave, at other widths
     for prompt, row in zip(prompts, rows):
         ids = torch.tensor([prompt])
         with torch.no_grad():
@@ -111,6 +113,35 @@ def test_a_seeded_row_samples_the_same_whatever_shares_its_batch(built):
     run(batcher(built, max_rows=6), list(reversed(second)))
     assert [r.tokens for r in first] == [r.tokens for r in second]
     assert len({tuple(r.tokens) for r in first}) > 1, "different seeds sample differently"
+
+
+def test_staged_rows_refill_finished_slots_in_place_with_one_prefill_per_max_rows(built):
+    """With the stage, waiting rows are prefilled ``max_rows`` at a time and take finished rows' slots
+    in place (or join at the end when a prompt is wider than the running cache): the tokens and
+    log-probs are those of the batcher that prefills every refill, with one prefill per 4 rows."""
+    model, tok = built
+    texts = ["1=", "7", "5+5+5=5+5+5=", "3+4=", "99+1=99+1=99", "2"] * 4  # wide prompts among narrow
+    sampling = SamplingParams(temperature=1.0, max_new_tokens=10)
+    out = {}
+    for stage in (True, False):
+        b = batcher(built, max_rows=4, stage=stage)
+        prefills = [0]
+        prefill = b._prefill
+
+        def counted(rows, prefill=prefill, prefills=prefills):
+            prefills[0] += 1
+            return prefill(rows)
+
+        b._prefill = counted
+        rows = [BatchRow(tok(t)["input_ids"], sampling, seed=i) for i, t in enumerate(texts)]
+        run(b, rows)
+        out[stage] = (rows, prefills[0])
+    (staged, staged_prefills), (joined, joined_prefills) = out[True], out[False]
+    assert [r.tokens for r in staged] == [r.tokens for r in joined]
+    assert [r.finish_reason for r in staged] == [r.finish_reason for r in joined]
+    worst = max(abs(a - b) for s, j in zip(staged, joined) for a, b in zip(s.logprobs, j.logprobs))
+    assert worst < 1e-5
+    assert staged_prefills == len(texts) // 4 < joined_prefills  # 6 against 11 when written
 
 
 def test_slots_stay_full_while_rows_wait_and_abort_keeps_the_tokens(built):

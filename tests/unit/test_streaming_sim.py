@@ -126,19 +126,34 @@ def test_the_calibration_here_predicts_the_real_long_tail_runs_within_its_tolera
 
 
 def test_a_join_is_one_forward_for_rows_arriving_together_and_waits_for_refill_at_free_slots():
-    """The continuous HF engine's refill: rows that arrive together join in one prefill forward
-    (``join_s`` once), and a running batch takes new rows only once ``refill_at`` slots are free (or the
-    queue fits); the rule is the batcher's own (``ContinuousBatcher.compact_at``)."""
+    """The continuous HF engine's refill. Staged (the batcher's default, and what the calibration
+    simulates): a finished row's slot is refilled at once (``refill_at`` 1) and one forward
+    (``join_s``) prefills ``max_rows`` queued rows ahead. Without the stage: rows that arrive together
+    join in one prefill forward, and a running batch takes new rows only once ``refill_at`` slots are
+    free (or the queue fits), the batcher's ``compact_at`` rule."""
     import torch
 
     from benchmarks.simulation.streaming import World
+    from benchmarks.simulation.streaming.here import engine_cfg
     from unirl_lightning.engines.batcher import ContinuousBatcher
 
+    costs = {"a": 1e-3, "b": 0.0, "c": 0.0, "prefill_s_per_token": 0.0, "prompt_len": 4}
     for slots in (1, 8, 16, 128):  # the rule needs no model: any module stands in
         batcher = ContinuousBatcher(
             torch.nn.Identity(), torch.device("cpu"), stop_ids=[], pad_id=0, max_rows=slots
         )
+        assert batcher.stage and batcher.refill_at == 1
         assert batcher.compact_at == max(1, slots // 8, round(slots**0.5))
+        simulated = engine_cfg(costs, slots, joins=True)
+        assert simulated["stage"] and simulated["refill_at"] == batcher.refill_at
+    cfg = small(lengths=[10], max_new_tokens=10, samples=4, max_rows=16, join_s=0.5, stage=True, a=1e-3)
+    cfg.b = cfg.c = cfg.prefill = 0.0
+    world = World(cfg, 1)
+    for gen_id in range(3):  # 12 rows at time 0: one forward prefills 16 (12 start, 4 staged)
+        world.add(world.new_group(gen_id))
+    assert world.engines[0].rows == 12 and world.engines[0].t == pytest.approx(0.5)
+    world.add(world.new_group(3))  # the 4 staged rows: no forward of their own
+    assert world.engines[0].rows == 16 and world.engines[0].t == pytest.approx(0.5)
     cfg = small(lengths=[10], max_new_tokens=10, samples=4, max_rows=16, join_s=0.5, refill_at=2, a=1e-3)
     cfg.b = cfg.c = cfg.prefill = 0.0
     world = World(cfg, 1)

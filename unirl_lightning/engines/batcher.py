@@ -2,21 +2,24 @@
 frees and leave it the step they finish, so the engine keeps ``max_rows`` rows decoding while work is
 queued, instead of a ``generate`` call lasting as long as its longest row.
 
-One :meth:`ContinuousBatcher.step` admits waiting rows into free slots (one prefill of the new rows,
-left-padded among themselves, whose KV cache is padded to the running cache's width and joined to it),
-then decodes one token for every active row (``input_ids [B, 1]``, explicit ``position_ids``, the
-2-D attention mask that marks each row's padding), then retires the finished rows
-(``Cache.batch_select_indices``) and trims the cache columns that are padding for every row left.
+One :meth:`ContinuousBatcher.step` decodes one token for every active row (``input_ids [B, 1]``,
+explicit ``position_ids``, the 2-D attention mask that marks each row's padding), then refills the
+slots of the rows that finished. Refilling is staged: waiting rows are prefilled ``max_rows`` at a
+time (one forward, their first token sampled then) into a stage, and a staged row takes a finished
+row's slot in place, its prompt KV written right-aligned into that slot's cache row and the columns
+before it masked as padding: no forward and no copy of the running cache per refill, so a slot is
+refilled the step its row finishes. A staged prompt wider than the running cache waits for a
+compaction (``Cache.batch_select_indices``) and is appended, its KV padded to the running width. The
+cache columns that are padding for every row are trimmed (views). The stage holds the prompt KV of at
+most ``2 * max_rows`` rows beyond the slots. ``stage=False`` keeps the earlier refill (one prefill
+forward per refill, once ``compact_at`` rows finished), for comparison.
 
-Sampling per row, as the static HF engine does (see :mod:`~unirl_lightning.engines.hf`): the behaviour
-log-prob is ``log_softmax(raw_logits / T)[token]`` from the raw float32 logits (``T = 1`` for a greedy
-row); the token is drawn from the processed distribution (``transformers``' own temperature, top-k,
-top-p, min-p and repetition-penalty processors). A seeded row owns a ``torch.Generator`` and draws by
-the exponential race (``argmax(p / q)``, ``q ~ Exp(1)`` from the row's generator, as vLLM's sampler
-does for seeded requests): a seeded row's tokens do not depend on which other rows share its batch or
-when it joined. Every token records the weight version it was sampled under (``versions``), so a
-row continued across a weight update (:meth:`ContinuousBatcher.step` runs under the engine's lock;
-a push between two steps continues every row in place) reports the version of each token.
+Sampling per row (:class:`~unirl_lightning.engines.row_sampler.RowSampler`), as the static HF engine
+does: a seeded row's tokens do not depend on which other rows share its batch or when it joined (or
+whether it was staged). Every token records the weight version it was sampled under (``versions``),
+so a row continued across a weight update (:meth:`ContinuousBatcher.step` runs under the engine's
+lock; a push between two steps continues every row in place, staged rows included) reports the
+version of each token.
 
 Not thread-safe by itself: the streaming engine calls it from one thread under one lock.
 """
@@ -33,9 +36,12 @@ from typing import Any
 import torch
 
 from unirl_lightning.engines.base import check_context
+from unirl_lightning.engines.row_sampler import RowSampler
 from unirl_lightning.rollout.records import FinishReason, SamplingParams
 
 __all__ = ["BatchRow", "ContinuousBatcher"]
+
+STAGED_REFILL_AT = 1  # finished rows that trigger a refill from the stage (no forward: a copy of prompts)
 
 
 @dataclass(eq=False)
@@ -61,33 +67,6 @@ def _cache_kwarg(model: Any) -> str:
     return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
 
 
-def _processors(sampling: SamplingParams) -> list[Any]:
-    """``transformers``' own logits processors for ``sampling`` (temperature first, as ``generate``
-    orders them; none for a greedy row but the repetition penalty)."""
-    from transformers.generation import (
-        MinPLogitsWarper,
-        RepetitionPenaltyLogitsProcessor,
-        TemperatureLogitsWarper,
-        TopKLogitsWarper,
-        TopPLogitsWarper,
-    )
-
-    out: list[Any] = []
-    if sampling.repetition_penalty != 1:
-        out.append(RepetitionPenaltyLogitsProcessor(sampling.repetition_penalty))
-    if sampling.temperature == 0:
-        return out
-    if sampling.temperature != 1:
-        out.append(TemperatureLogitsWarper(sampling.temperature))
-    if sampling.top_k and sampling.top_k > 0:
-        out.append(TopKLogitsWarper(sampling.top_k))
-    if sampling.top_p < 1:
-        out.append(TopPLogitsWarper(sampling.top_p))
-    if sampling.min_p > 0:
-        out.append(MinPLogitsWarper(sampling.min_p))
-    return out
-
-
 class ContinuousBatcher:
     """Token-level continuous batching of :class:`BatchRow` s over ``model`` (a causal LM whose cache is
     a ``DynamicCache`` of full-attention layers).
@@ -101,6 +80,7 @@ class ContinuousBatcher:
         max_positions: the model's ``max_position_embeddings`` (None: unchecked).
         tokenizer: decodes a row's tail for its stop strings (only rows whose sampling has ``stop``).
         version: ``version()`` -> the weight version the model holds now (stamped on every token).
+        stage: refill from a stage of prefilled rows, in place (the default; see the module docstring).
     """
 
     def __init__(
@@ -114,6 +94,7 @@ class ContinuousBatcher:
         max_positions: int | None = None,
         tokenizer: Any = None,
         version: Callable[[], int] = lambda: 0,
+        stage: bool = True,
     ) -> None:
         self.model, self.device, self.stop_ids = model, device, set(stop_ids)
         self.pad_id, self.max_rows, self.max_positions = pad_id, max_rows, max_positions
@@ -121,16 +102,22 @@ class ContinuousBatcher:
         self._cache_kw = _cache_kwarg(model)
         self.waiting: deque[BatchRow] = deque()
         self.active: list[BatchRow] = []
+        self.stage = stage
+        self.staged: list[BatchRow] = []  # prefilled, first token sampled, waiting for a slot
+        self._staged_kv: list[
+            tuple[list[tuple[torch.Tensor, torch.Tensor]], int]
+        ] = []  # per row: KV views, length
         self._cache: Any = None
         self._mask: torch.Tensor | None = None  # [B, L] 1 = a real token of the row
-        # finished rows that trigger a compaction and a refill: an eighth of the slots, and at least
-        # sqrt(slots), since every refill is a prefill forward of its own (16 slots: 4, not 2; measured
-        # in docs/engines.md: 5% more tokens/s at 16 slots, the same at 128)
+        # finished rows that trigger a compaction (and, without the stage, a refill): an eighth of the
+        # slots, and at least sqrt(slots), since an unstaged refill is a prefill forward of its own (16
+        # slots: 4, not 2; measured in docs/engines.md: 5% more tokens/s at 16 slots, the same at 128)
         self.compact_at = max(1, max_rows // 8, round(max_rows**0.5))
+        self.refill_at = STAGED_REFILL_AT if stage else self.compact_at
         self.row_seconds = 0.0
         self.counted_at = time.perf_counter()  # the end of the last step counted in row_seconds
         self.busy_seconds = 0.0
-        self._processors: dict[SamplingParams, list[Any]] = {}  # transformers' processors, per sampling
+        self.sampler = RowSampler(device, stop_ids, tokenizer)
 
     # -- rows in and out ---------------------------------------------------------------------------
     def add(self, row: BatchRow) -> None:
@@ -148,6 +135,9 @@ class ContinuousBatcher:
         hit = [row for row in self.waiting if predicate(row)]
         for row in hit:
             self.waiting.remove(row)
+        for i in reversed([i for i, row in enumerate(self.staged) if predicate(row)]):
+            hit.append(self.staged.pop(i))
+            del self._staged_kv[i]
         live_hit = [row for row in self.active if row.finish_reason is None and predicate(row)]
         if live_hit:
             hit += live_hit
@@ -160,36 +150,63 @@ class ContinuousBatcher:
 
     @property
     def pending(self) -> int:
-        """Rows waiting or decoding."""
-        return len(self.waiting) + len(self.active)
+        """Rows waiting, staged or decoding."""
+        return len(self.waiting) + len(self.staged) + len(self.active)
 
     # -- one step ------------------------------------------------------------------------------------
     @torch.no_grad()
     def step(self) -> int:
         """Decode one token for every live row (a finished row is reported at once, its slot freed at
-        the next compaction), then, once enough slots are free, admit waiting rows (their prefill samples
-        their first token); returns the number of rows that produced a token (0: nothing to do).
+        the next compaction), then, once enough slots are free, fill them; returns the number of rows
+        that produced a token (0: nothing to do).
 
-        Slots are compacted (``Cache.batch_select_indices``, a copy of the whole cache) only when every
-        row finished or ``compact_at`` rows did: refilling one slot per step would copy the cache every
-        step, so finished rows ride along for a few steps and joiners come in batches."""
+        Filling: with ``stage`` (the default), waiting rows are prefilled ``max_rows`` at a time into a
+        stage (one forward; their first token is sampled then) and move from the stage into free slots
+        without a forward of their own (their prompt KV is copied in), so a slot is refilled
+        ``refill_at`` (1) finished rows at a time. Without it, waiting rows join in one prefill per
+        refill, once ``compact_at`` rows have finished (a forward per refill costs about a decode step
+        on a small model, so refilling after every finished row would spend one per row). Slots are
+        compacted (``Cache.batch_select_indices``, a copy of the whole cache) only when a refill is
+        due, every row finished, or ``compact_at`` rows did."""
         start = time.perf_counter()
-        rows = self.live
-        if rows:
+        produced = in_slots = self.live
+        if produced:
             self._decode()
         dead = len(self.active) - self.live
-        if dead and (dead == len(self.active) or dead >= self.compact_at):
+        if self.stage and dead and (self.staged or self.waiting):
+            if len(self.staged) < dead and self.waiting:
+                produced += self._stage(
+                    [self.waiting.popleft() for _ in range(min(self.max_rows, len(self.waiting)))]
+                )
+            replaced = self._replace()
+            in_slots += replaced
+            dead -= replaced
+        queued = len(self.staged) + len(self.waiting)
+        if dead and (
+            dead == len(self.active) or dead >= self.compact_at or (queued and dead >= self.refill_at)
+        ):
             self._select([i for i, row in enumerate(self.active) if row.finish_reason is None])
         free = self.max_rows - len(self.active)
-        if self.waiting and (free >= self.compact_at or free >= len(self.waiting) or not self.active):
-            joining = [self.waiting.popleft() for _ in range(min(free, len(self.waiting)))]
-            self._join(joining)
-            rows += len(joining)
+        if queued and free and (free >= self.refill_at or free >= queued or not self.active):
+            if not self.stage:
+                joining = [self.waiting.popleft() for _ in range(min(free, len(self.waiting)))]
+                self._join(joining)
+                produced += len(joining)
+                in_slots += len(joining)
+            else:
+                if len(self.staged) < free and self.waiting:
+                    produced += self._stage(
+                        [self.waiting.popleft() for _ in range(min(self.max_rows, len(self.waiting)))]
+                    )
+                admitted = min(free, len(self.staged))
+                if admitted:
+                    self._admit(admitted)
+                    in_slots += admitted
         self.counted_at = time.perf_counter()
         seconds = self.counted_at - start
-        self.row_seconds += min(rows, self.max_rows) * seconds
-        self.busy_seconds += seconds if rows else 0.0
-        return rows
+        self.row_seconds += min(in_slots, self.max_rows) * seconds
+        self.busy_seconds += seconds if produced else 0.0
+        return produced
 
     @property
     def live(self) -> int:
@@ -207,7 +224,8 @@ class ContinuousBatcher:
         name = "cache" if "cache" in out.keys() else "past_key_values"
         return out.logits[:, -1].float(), out[name]
 
-    def _join(self, rows: list[BatchRow]) -> None:
+    def _prefill(self, rows: list[BatchRow]) -> tuple[torch.Tensor, Any, torch.Tensor]:
+        """One forward of ``rows``' prompts, left-padded among themselves: (last logits, cache, mask)."""
         from transformers import DynamicCache
 
         width = max(len(row.prompt_ids) for row in rows)
@@ -219,9 +237,88 @@ class ContinuousBatcher:
         )
         positions = (mask.cumsum(-1) - 1).clamp(min=0)
         logits, cache = self._forward(ids, mask, positions, DynamicCache())
+        return logits, cache, mask
+
+    def _join(self, rows: list[BatchRow]) -> None:
+        logits, cache, mask = self._prefill(rows)
         self._merge(cache, mask)
         self.active.extend(rows)
         self._sample(rows, logits)
+
+    def _stage(self, rows: list[BatchRow]) -> int:
+        """Prefill ``rows`` into the stage and sample their first token (a row that ends there never
+        takes a slot); returns how many produced a token. Each staged row keeps views of its own prompt
+        KV (no copy until it is admitted)."""
+        logits, cache, mask = self._prefill(rows)
+        self._sample(rows, logits)
+        width = mask.shape[1]
+        layers = self._layers(cache)
+        for j, row in enumerate(rows):
+            if row.finish_reason is None:
+                pad = width - len(row.prompt_ids)
+                self.staged.append(row)
+                self._staged_kv.append(
+                    (
+                        [
+                            (layer.keys[j : j + 1, :, pad:], layer.values[j : j + 1, :, pad:])
+                            for layer in layers
+                        ],
+                        pad,
+                    )
+                )
+        return len(rows)
+
+    def _replace(self) -> int:
+        """Put staged rows into the slots of finished ones, in place: a staged row whose prompt fits the
+        running cache's width is written right-aligned into a finished row's slot (its KV over the
+        slot's last columns, the columns before it masked as padding); no copy of the cache, no
+        forward. Returns how many slots were refilled."""
+        assert self._mask is not None
+        width = self._mask.shape[1]
+        layers = self._layers(self._cache)
+        refilled = 0
+        for i, old in enumerate(self.active):
+            if old.finish_reason is None:
+                continue
+            j = next((k for k, row in enumerate(self.staged) if len(row.prompt_ids) <= width), None)
+            if j is None:
+                break
+            row, (kv, _) = self.staged.pop(j), self._staged_kv.pop(j)
+            start = width - len(row.prompt_ids)
+            for layer, (keys, values) in zip(layers, kv):
+                layer.keys[i, :, start:] = keys[0]
+                layer.values[i, :, start:] = values[0]
+            self._mask[i] = 0
+            self._mask[i, start:] = 1
+            self.active[i] = row
+            refilled += 1
+        if refilled:
+            self._trim()
+        return refilled
+
+    def _admit(self, count: int) -> None:
+        """Move the first ``count`` staged rows into free slots: their prompt KV, left-padded to the
+        widest, is appended to the running cache (a copy of their prompts only, no forward)."""
+        from transformers import DynamicCache
+
+        rows, staged = self.staged[:count], self._staged_kv[:count]
+        del self.staged[:count], self._staged_kv[:count]
+        width = max(len(row.prompt_ids) for row in rows)
+        pads = [width - len(row.prompt_ids) for row in rows]
+        data = []
+        for layer in range(len(staged[0][0])):
+            keys = [
+                torch.nn.functional.pad(kv[layer][0], (0, 0, pad, 0)) for (kv, _), pad in zip(staged, pads)
+            ]
+            values = [
+                torch.nn.functional.pad(kv[layer][1], (0, 0, pad, 0)) for (kv, _), pad in zip(staged, pads)
+            ]
+            data.append((torch.cat(keys), torch.cat(values)))
+        mask = torch.tensor(
+            [[0] * pad + [1] * len(row.prompt_ids) for row, pad in zip(rows, pads)], device=self.device
+        )
+        self._merge(DynamicCache(ddp_cache_data=data), mask)
+        self.active.extend(rows)
 
     def _merge(self, cache: Any, mask: torch.Tensor) -> None:
         """Join a prefill's cache (rows ``mask``) to the running one, left-padding the narrower."""
@@ -268,57 +365,9 @@ class ContinuousBatcher:
         self._sample(self.active, logits)
 
     def _sample(self, rows: list[BatchRow], logits: torch.Tensor) -> None:
-        """Draw one token per row from its last logits (``logits[-len(rows):]``) and record it."""
-        logits = logits[-len(rows) :]
-        version = self.version()
-        by_sampling: dict[SamplingParams, list[int]] = {}
-        for i, row in enumerate(rows):
-            if row.finish_reason is None:  # a finished row riding along until the next compaction
-                by_sampling.setdefault(row.sampling, []).append(i)
-        finished: list[BatchRow] = []
-        for sampling, idx in by_sampling.items():
-            raw = logits[idx]
-            greedy = sampling.temperature == 0
-            logp = torch.log_softmax(raw / (1.0 if greedy else sampling.temperature), dim=-1)
-            scores = raw
-            history = None
-            if sampling.repetition_penalty != 1:
-                seqs = [rows[i].prompt_ids + rows[i].tokens for i in idx]
-                width = max(len(s) for s in seqs)
-                history = torch.tensor([s + [s[0]] * (width - len(s)) for s in seqs], device=self.device)
-            processors = self._processors.get(sampling)
-            if processors is None:
-                processors = self._processors[sampling] = _processors(sampling)
-            for processor in processors:
-                scores = processor(history, scores)
-            if greedy:
-                tokens = scores.argmax(dim=-1)
-            else:
-                probs = torch.softmax(scores, dim=-1)
-                q = torch.empty_like(probs)
-                for j, i in enumerate(idx):
-                    q[j].exponential_(generator=rows[i].generator)  # None: the global generator
-                tokens = (probs / q).argmax(dim=-1)
-            chosen = logp.gather(-1, tokens.unsqueeze(-1)).squeeze(-1).tolist()
-            for j, (i, token) in enumerate(zip(idx, tokens.tolist())):
-                row = rows[i]
-                row.tokens.append(token)
-                row.logprobs.append(chosen[j])
-                row.versions.append(version)
-                if token in self.stop_ids:
-                    row.finish_reason = "stop"
-                elif sampling.stop and self._hit_stop_string(row, sampling.stop):
-                    row.finish_reason = "stop"
-                elif len(row.tokens) >= sampling.max_new_tokens:
-                    row.finish_reason = "length"
-                if row.finish_reason is not None:
-                    finished.append(row)
-        for row in finished:
+        """Draw one token per live row from its last logits and record it; report the rows it ended."""
+        for row in self.sampler.sample(rows, logits, self.version()):
             self._finish(row, row.finish_reason)
-
-    def _hit_stop_string(self, row: BatchRow, stops: tuple[str, ...]) -> bool:
-        text = self.tokenizer.decode(row.tokens[-16:], skip_special_tokens=True)
-        return any(stop in text for stop in stops)
 
     def _select(self, keep: list[int]) -> None:
         """Keep only rows ``keep`` of the batch (cache, mask and list), then drop the cache columns that
@@ -329,13 +378,17 @@ class ContinuousBatcher:
             return
         assert self._mask is not None
         self._cache.batch_select_indices(torch.tensor(keep, device=self.device))
-        mask = self._mask[keep]
-        first = int(mask.any(dim=0).nonzero()[0])  # leading columns no row uses any more
+        self._mask = self._mask[keep]
+        self._trim()
+
+    def _trim(self) -> None:
+        """Drop the leading cache columns that are padding for every row (views: no copy)."""
+        assert self._mask is not None
+        first = int(self._mask.any(dim=0).nonzero()[0])
         if first:
             for layer in self._layers(self._cache):
                 layer.keys, layer.values = layer.keys[:, :, first:], layer.values[:, :, first:]
-            mask = mask[:, first:]
-        self._mask = mask
+            self._mask = self._mask[:, first:]
 
     @staticmethod
     def _finish(row: BatchRow, reason: FinishReason) -> None:

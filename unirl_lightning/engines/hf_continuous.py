@@ -130,7 +130,9 @@ class ContinuousHFEngine(HFEngine):
         ]
         if not remaining[0]:
             return []
-        with self._exclusive():  # closed is read under the step lock: close() aborts every row added before it
+        with (
+            self._exclusive()
+        ):  # closed is read under the step lock: close() aborts every row added before it
             if self._closed:
                 raise RuntimeError("the HF engine was closed")
             for group in rows:

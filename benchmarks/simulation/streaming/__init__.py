@@ -7,7 +7,9 @@ refilled from the engine's queue at once, or once ``refill_at`` slots are free (
 the engine's batch is empty, the per-call model of ``sim.py``). Every active row advances one token per
 decode step, which costs ``a + b * rows + c * context_tokens`` seconds; a group's prompt costs
 ``prefill * prompt_len`` once, and a refill ``join_s`` (a prefill forward of its own: the HF engine's;
-0 for engines that fold prefill into the decode step, as vLLM's and SGLang's chunked prefill does).
+0 for engines that fold prefill into the decode step, as vLLM's and SGLang's chunked prefill does);
+with ``stage`` (the HF engine's staged refill) one ``join_s`` prefills ``max_rows`` queued rows ahead,
+and the refills they serve cost nothing more.
 Between events (a row finishing, a group arriving, a pause) an engine's state evolves in closed form,
 so the cost of a run is proportional to the number of rows, not of tokens.
 
@@ -80,6 +82,7 @@ class Engine:
         self.epoch = 0
         self.row_seconds = 0.0  # integral of active rows over decode time
         self.joined_at = -1.0  # the world time of the last join (one forward for rows arriving together)
+        self.staged = 0  # rows prefilled ahead (``stage``): refills that need no forward of their own
 
     def cost(self, n: int) -> float:
         w = self.world
@@ -139,7 +142,14 @@ class Engine:
             self.ctx += grow
             w.seq += 1
             heapq.heappush(self.heap, (row.finish, w.seq, row))
-        if self.rows > before and w.now > self.joined_at:  # rows that arrive together join in one forward
+        joined = self.rows - before
+        if joined and w.stage:  # staged refill: one forward prefills up to max_rows queued rows
+            self.staged -= joined
+            if self.staged < 0:
+                self.staged += w.max_rows
+                self.t += w.join_s
+                self.row_seconds += self.rows * w.join_s
+        elif joined and w.now > self.joined_at:  # rows that arrive together join in one forward
             self.joined_at = w.now
             self.t += w.join_s
             self.row_seconds += self.rows * w.join_s  # busy for every row, as the engine counts it
@@ -191,6 +201,7 @@ class World:
         self.max_rows, self.kv_tokens, self.per_call = cfg.max_rows, cfg.kv_tokens, cfg.per_call
         self.resume_prefill = cfg.resume_prefill
         self.join_s, self.refill_at = getattr(cfg, "join_s", 0.0), getattr(cfg, "refill_at", 1)
+        self.stage = getattr(cfg, "stage", False)
         self.engines = [Engine(self, i) for i in range(engines)]
         self.events: list[tuple[float, int, int]] = []
         self.now, self.version, self.seq = 0.0, 0, 0

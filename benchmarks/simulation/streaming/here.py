@@ -72,8 +72,9 @@ def slots_of(config: dict[str, Any]) -> int:
 
 def engine_cfg(engine: dict[str, Any], slots: int, joins: bool) -> dict[str, Any]:
     """The simulated HF continuous engine: the measured step costs, ``slots`` rows, no KV bound, and
-    (``joins``) its refill: one forward per join, rows taken once ``refill_at`` slots are free (the
-    batcher's ``compact_at`` rule, which a unit test pins to this one)."""
+    (``joins``) its refill: a finished row's slot refilled at once (``refill_at`` 1) from a stage that
+    one forward fills with ``slots`` queued rows at a time (the batcher's ``stage``; a unit test pins
+    the two together)."""
     return {
         **{k: engine[k] for k in ("a", "b", "c")},
         "prefill": engine["prefill_s_per_token"],
@@ -82,7 +83,8 @@ def engine_cfg(engine: dict[str, Any], slots: int, joins: bool) -> dict[str, Any
         "per_call": False,
         "resume_prefill": 0.0,
         "join_s": engine["a"] if joins else 0.0,
-        "refill_at": max(1, slots // 8, round(slots**0.5)) if joins else 1,
+        "refill_at": 1,
+        "stage": joins,
     }
 
 
