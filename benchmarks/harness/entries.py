@@ -172,6 +172,13 @@ ENTRIES: list[Entry] = [
         smoke=("--rows", "1", "8", "--tokens", "4", "--rounds", "1"),
     ),
     Entry(
+        "batcher_refill",
+        "performance",
+        "minutes",
+        "the continuous HF engine's refill, staged against unstaged (tokens/s, occupancy, prefills)",
+        smoke=("--slots", "4", "--rows", "16", "--rounds", "1"),
+    ),
+    Entry(
         "staleness_learning",
         "performance",
         "minutes",

@@ -33,6 +33,7 @@ from unirl_lightning.callbacks import RolloutEvalCallback, WeightSyncCallback
 from unirl_lightning.engines.hf import HFEngineConfig
 from unirl_lightning.rewards import ExactMatchReward
 
+STREAM = dict(batching="continuous", launch_unit="group", sync_mode="continue")
 MODES = {
     "sync": dict(max_staleness=0, max_inflight=1),
     "async_quiesce": dict(max_staleness=1, max_inflight=2),
@@ -44,9 +45,8 @@ MODES = {
     "async_groups": dict(max_staleness=1, max_inflight=2, batching="continuous", launch_unit="group"),
     "async_groups_s2": dict(max_staleness=2, max_inflight=3, batching="continuous", launch_unit="group"),
     # ... and the weights pushed without draining (rows in flight go on in place)
-    "async_groups_continue": dict(
-        max_staleness=1, max_inflight=2, batching="continuous", launch_unit="group", sync_mode="continue"
-    ),
+    "async_groups_continue": dict(max_staleness=1, max_inflight=2, **STREAM),
+    "async_groups_continue_s2": dict(max_staleness=2, max_inflight=3, **STREAM),
 }
 
 
@@ -257,6 +257,7 @@ def run(config: dict[str, Any]) -> dict[str, Any]:
         "async_continuous_over_sync_continuous": over("async_continuous", "sync_continuous"),
         "async_groups_over_async_quiesce": over("async_groups", "async_quiesce"),
         "async_groups_continue_over_async_quiesce": over("async_groups_continue", "async_quiesce"),
+        "async_groups_continue_s2_over_async_quiesce": over("async_groups_continue_s2", "async_quiesce"),
         "medians": medians,
         "config": config | {"out": None},
     }

