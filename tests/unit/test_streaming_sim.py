@@ -105,10 +105,10 @@ def test_measured_lengths_are_drawn_as_given_and_a_step_overhead_slows_every_ste
 def test_the_calibration_here_predicts_the_real_long_tail_runs_within_its_tolerance():
     """Against the committed measurements (engine step costs, the real long-tail runs, one day). Trainer-
     bound (128 slots): steps/s within 40% and occupancy within 45% (+11..+24% and -3..+15% when
-    written). Generation-bound (16 slots): steps/s within 80% (+54..+66%: the simulator does not model
+    written). Generation-bound (16 slots): steps/s within 75% (+48..+60%: the simulator does not model
     the engine, the trainer and Ray sharing two cores, nor the engine loop's own costs, which weigh
     more since the staged refill made the engine faster; +24..+27% before it), occupancy within 15%
-    (-4..-10%), and the engine alone within 40% (+28% / +33%; +14% before)."""
+    (-3..-6%), and the engine alone within 35% (+24%; +14% before)."""
     from benchmarks.simulation.streaming.here import calibrate_here
 
     record = calibrate_here(steps=60, warmup=5)
@@ -120,10 +120,10 @@ def test_the_calibration_here_predicts_the_real_long_tail_runs_within_its_tolera
         for trainer in ("update only", "update + measured overhead")
     }
     for row in table:
-        steps, occupancy = (0.40, 0.45) if row["bound"] == "trainer" else (0.80, 0.15)
+        steps, occupancy = (0.40, 0.45) if row["bound"] == "trainer" else (0.75, 0.15)
         assert abs(row["steps_per_s"]["error"]) < steps, row
         assert abs(row["occupancy"]["error"]) < occupancy, row
-    assert abs(record["engine_alone"]["interrupt_long_tail_slots16"]["error"]) < 0.40
+    assert abs(record["engine_alone"]["interrupt_long_tail_slots16"]["error"]) < 0.35
 
 
 def test_a_join_is_one_forward_for_rows_arriving_together_and_waits_for_refill_at_free_slots():
@@ -166,3 +166,22 @@ def test_a_join_is_one_forward_for_rows_arriving_together_and_waits_for_refill_a
     assert engine.rows == 16 and engine.t == pytest.approx(0.5)
     world.add(world.new_group(4))  # no free slot: queued
     assert engine.rows == 16 and len(engine.queue) == 4
+
+
+def test_a_padded_engine_attends_over_the_widest_row_for_every_row():
+    """``padded`` (the HF engine's left-padded cache, which the calibration here uses): a decode step
+    costs ``c`` per row times the widest row's context, not each row's own; the width follows the rows
+    that start and finish."""
+    from benchmarks.simulation.streaming import World
+
+    for padded in (True, False):
+        cfg = small(lengths=[10], max_new_tokens=10, samples=1, max_rows=4, padded=padded, a=1e-3)
+        world = World(cfg, 1)
+        engine = world.engines[0]
+        world.add(world.new_group(0))  # one row, a 50-token prompt
+        engine.advance(3)
+        world.add(world.new_group(1))  # a second row joins 3 tokens behind
+        assert engine.rows == 2 and engine.ctx == 53 + 50
+        assert engine.attended() == (2 * 53 if padded else 103)
+        step = engine.cost(1)
+        assert step == pytest.approx(cfg.a + cfg.b * 2 + cfg.c * engine.attended())

@@ -9,8 +9,8 @@ decode step, which costs ``a + b * rows + c * context_tokens`` seconds; a group'
 ``prefill * prompt_len`` once, and a refill ``join_s`` (a prefill forward of its own: the HF engine's;
 0 for engines that fold prefill into the decode step, as vLLM's and SGLang's chunked prefill does);
 with ``stage`` (the HF engine's staged refill) one ``join_s`` prefills ``max_rows`` queued rows ahead,
-and the refills they serve cost nothing more.
-Between events (a row finishing, a group arriving, a pause) an engine's state evolves in closed form,
+and the refills they serve cost nothing more. With ``padded`` (the HF engine's left-padded cache) a step
+attends over the widest row's context for every row. Between events (a row finishing, a group arriving, a pause) an engine's state evolves in closed form,
 so the cost of a run is proportional to the number of rows, not of tokens.
 
 A weight sync pauses every engine for the push; in-flight rows keep their tokens and continue under the
@@ -76,6 +76,7 @@ class Engine:
         self.step = 0  # decode steps run
         self.rows = 0  # active rows
         self.ctx = 0  # context tokens of the active rows
+        self.width = 0  # the widest active row's context (``padded``: every row costs as much)
         self.heap: list[tuple[int, int, Row]] = []  # (finish step, seq, row)
         self.queue: deque[Row] = deque()
         self.load = 0  # rows assigned and not finished (active + queued)
@@ -84,9 +85,14 @@ class Engine:
         self.joined_at = -1.0  # the world time of the last join (one forward for rows arriving together)
         self.staged = 0  # rows prefilled ahead (``stage``): refills that need no forward of their own
 
+    def attended(self) -> int:
+        """Context tokens a decode step attends over: each row's own, or (``padded``, the HF engine's
+        left-padded cache) the widest row's, for every row."""
+        return self.rows * self.width if self.world.padded else self.ctx
+
     def cost(self, n: int) -> float:
         w = self.world
-        return n * (w.a + w.b * self.rows + w.c * self.ctx) + w.c * self.rows * n * (n - 1) / 2
+        return n * (w.a + w.b * self.rows + w.c * self.attended()) + w.c * self.rows * n * (n - 1) / 2
 
     def steps_by(self, t: float) -> int:
         """The most whole decode steps that end by ``t``."""
@@ -95,7 +101,7 @@ class Engine:
             return 0
         w = self.world
         q = w.c * self.rows / 2
-        lin = w.a + w.b * self.rows + w.c * self.ctx - q
+        lin = w.a + w.b * self.rows + w.c * self.attended() - q
         n = budget / lin if q == 0 else (-lin + math.sqrt(lin * lin + 4 * q * budget)) / (2 * q)
         n = int(n)
         while n > 0 and self.cost(n) > budget:
@@ -108,6 +114,7 @@ class Engine:
             self.row_seconds += self.rows * dt
             self.t += dt
             self.ctx += self.rows * n
+            self.width += n
             self.step += n
 
     def next_finish(self) -> int | None:
@@ -116,9 +123,8 @@ class Engine:
         return self.heap[0][0] if self.heap else None
 
     def fill(self) -> None:
-        """Start queued rows in free slots (continuous batching: once ``refill_at`` slots are free, or the
-        queue fits, or the batch is empty; per call: into an empty batch); a fill that starts rows costs
-        ``join_s`` (the fixed cost of their prefill's forward)."""
+        """Start queued rows in free slots (once ``refill_at`` are free, the queue fits or the batch is
+        empty; per call: an empty batch only); a fill that starts rows costs ``join_s`` (a forward)."""
         w, before = self.world, self.rows
         free = w.max_rows - self.rows
         if self.rows and (w.per_call or (free < w.refill_at and free < len(self.queue))):
@@ -155,6 +161,9 @@ class Engine:
             self.row_seconds += self.rows * w.join_s  # busy for every row, as the engine counts it
 
     def schedule(self) -> None:
+        if self.world.padded:  # the widest active row now (rows started or finished since)
+            live = [r for _, _, r in self.heap if r.state == 1 and not r.cancelled]
+            self.width = max((r.group.prompt_len + r.tokens + self.step - r.mark for r in live), default=0)
         self.epoch += 1
         finish = self.next_finish()
         if finish is not None:
@@ -201,7 +210,7 @@ class World:
         self.max_rows, self.kv_tokens, self.per_call = cfg.max_rows, cfg.kv_tokens, cfg.per_call
         self.resume_prefill = cfg.resume_prefill
         self.join_s, self.refill_at = getattr(cfg, "join_s", 0.0), getattr(cfg, "refill_at", 1)
-        self.stage = getattr(cfg, "stage", False)
+        self.stage, self.padded = getattr(cfg, "stage", False), getattr(cfg, "padded", False)
         self.engines = [Engine(self, i) for i in range(engines)]
         self.events: list[tuple[float, int, int]] = []
         self.now, self.version, self.seq = 0.0, 0, 0

@@ -85,6 +85,7 @@ def engine_cfg(engine: dict[str, Any], slots: int, joins: bool) -> dict[str, Any
         "join_s": engine["a"] if joins else 0.0,
         "refill_at": 1,
         "stage": joins,
+        "padded": joins,
     }
 
 
