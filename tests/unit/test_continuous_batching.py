@@ -44,6 +44,14 @@ def batcher(built, max_rows: int, stage: bool = True) -> ContinuousBatcher:
     )
 
 
+def one_prompt(n: int, max_new_tokens: int) -> RolloutRequest:
+    """``n`` samples of one prompt at temperature 1."""
+    sampling = SamplingParams(temperature=1.0, max_new_tokens=max_new_tokens)
+    return RolloutRequest(
+        records=[{"prompt": "3+4=", "answer": "7"}], n=n, sampling=sampling, seed=0, gen_id=0
+    )
+
+
 def run(b: ContinuousBatcher, rows: list[BatchRow]) -> int:
     for row in rows:
         b.add(row)
@@ -220,14 +228,7 @@ def test_occupancy_counts_the_tail_of_a_static_call_as_empty_slots():
     meter = OccupancyMeter()
     first = engine.occupancy()
     meter.observe_spans([{"worker": 0, "occupancy": first}])
-    request = RolloutRequest(
-        records=[{"prompt": "3+4=", "answer": "7"}],
-        n=16,
-        sampling=SamplingParams(temperature=1.0, max_new_tokens=40),
-        seed=0,
-        gen_id=0,
-    )
-    groups = engine.generate(request)
+    groups = engine.generate(one_prompt(n=16, max_new_tokens=40))
     meter.observe_spans([{"worker": 0, "occupancy": engine.occupancy()}])
     lengths = [len(r.completion_ids) for r in groups[0]]
     ratio = meter.stats()["rollout/engine_occupancy"]
@@ -249,14 +250,7 @@ def test_a_weight_load_waits_at_most_the_decode_step_in_progress():
         return step()
 
     engine.batcher.step = counted
-    request = RolloutRequest(
-        records=[{"prompt": "3+4=", "answer": "7"}],
-        n=160,
-        sampling=SamplingParams(temperature=1.0, max_new_tokens=60),
-        seed=0,
-        gen_id=0,
-    )
-    thread = threading.Thread(target=engine.generate, args=(request,))
+    thread = threading.Thread(target=engine.generate, args=(one_prompt(n=160, max_new_tokens=60),))
     thread.start()
     while steps[0] < 3:
         threading.Event().wait(0.001)
