@@ -76,7 +76,8 @@ class HFEngineConfig(TorchThreadsEngineConfig):
         num_threads: torch intra-op threads in the worker: ``"auto"`` = the strategy's CPU rule (every
             core while a synchronous run generates; ``ceil(num_cpus_per_worker)`` when async), an
             int, or None = leave torch's default.
-        max_batch_size: sequences per ``generate`` call.
+        max_batch_size: sequences per ``generate`` call; with ``batching="continuous"``, the engine's
+            slots (rows decoding at once), plus a stage of at most twice as many prefilled prompts.
         share_prompt_prefill: rows of a call with the same prompt (a group's ``n`` samples) share
             one prefill: the prompt, all but its last token, runs once per distinct prompt and its KV
             cache is copied to each of its rows before ``generate`` decodes (what vLLM's prefix
