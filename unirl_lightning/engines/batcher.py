@@ -96,17 +96,14 @@ class ContinuousBatcher:
         version: Callable[[], int] = lambda: 0,
         stage: bool = True,
     ) -> None:
-        self.model, self.device, self.stop_ids = model, device, set(stop_ids)
+        self.model, self.device, self.version = model, device, version
         self.pad_id, self.max_rows, self.max_positions = pad_id, max_rows, max_positions
-        self.tokenizer, self.version = tokenizer, version
         self._cache_kw = _cache_kwarg(model)
         self.waiting: deque[BatchRow] = deque()
         self.active: list[BatchRow] = []
         self.stage = stage
-        self.staged: list[BatchRow] = []  # prefilled, first token sampled, waiting for a slot
-        self._staged_kv: list[
-            tuple[list[tuple[torch.Tensor, torch.Tensor]], int]
-        ] = []  # per row: KV views, length
+        # prefilled rows (first token sampled) waiting for a slot, each with its prompt KV per layer
+        self.staged: list[tuple[BatchRow, list[tuple[torch.Tensor, torch.Tensor]]]] = []
         self._cache: Any = None
         self._mask: torch.Tensor | None = None  # [B, L] 1 = a real token of the row
         # finished rows that trigger a compaction (and, without the stage, a refill): an eighth of the
@@ -135,9 +132,8 @@ class ContinuousBatcher:
         hit = [row for row in self.waiting if predicate(row)]
         for row in hit:
             self.waiting.remove(row)
-        for i in reversed([i for i, row in enumerate(self.staged) if predicate(row)]):
-            hit.append(self.staged.pop(i))
-            del self._staged_kv[i]
+        for i in reversed([i for i, (row, _) in enumerate(self.staged) if predicate(row)]):
+            hit.append(self.staged.pop(i)[0])
         live_hit = [row for row in self.active if row.finish_reason is None and predicate(row)]
         if live_hit:
             hit += live_hit
@@ -174,10 +170,7 @@ class ContinuousBatcher:
             self._decode()
         dead = len(self.active) - self.live
         if self.stage and dead and (self.staged or self.waiting):
-            if len(self.staged) < dead and self.waiting:
-                produced += self._stage(
-                    [self.waiting.popleft() for _ in range(min(self.max_rows, len(self.waiting)))]
-                )
+            produced += self._stage_for(dead)
             replaced = self._replace()
             in_slots += replaced
             dead -= replaced
@@ -194,10 +187,7 @@ class ContinuousBatcher:
                 produced += len(joining)
                 in_slots += len(joining)
             else:
-                if len(self.staged) < free and self.waiting:
-                    produced += self._stage(
-                        [self.waiting.popleft() for _ in range(min(self.max_rows, len(self.waiting)))]
-                    )
+                produced += self._stage_for(free)
                 admitted = min(free, len(self.staged))
                 if admitted:
                     self._admit(admitted)
@@ -245,10 +235,13 @@ class ContinuousBatcher:
         self.active.extend(rows)
         self._sample(rows, logits)
 
-    def _stage(self, rows: list[BatchRow]) -> int:
-        """Prefill ``rows`` into the stage and sample their first token (a row that ends there never
-        takes a slot); returns how many produced a token. Each staged row keeps views of its own prompt
-        KV (no copy until it is admitted)."""
+    def _stage_for(self, slots: int) -> int:
+        """Fewer rows staged than ``slots``: prefill the next ``max_rows`` waiting rows into the stage and
+        sample their first token (a row that ends there never takes a slot); returns how many produced
+        a token. Each staged row keeps views of its own prompt KV (no copy until it is admitted)."""
+        if len(self.staged) >= slots or not self.waiting:
+            return 0
+        rows = [self.waiting.popleft() for _ in range(min(self.max_rows, len(self.waiting)))]
         logits, cache, mask = self._prefill(rows)
         self._sample(rows, logits)
         width = mask.shape[1]
@@ -256,16 +249,8 @@ class ContinuousBatcher:
         for j, row in enumerate(rows):
             if row.finish_reason is None:
                 pad = width - len(row.prompt_ids)
-                self.staged.append(row)
-                self._staged_kv.append(
-                    (
-                        [
-                            (layer.keys[j : j + 1, :, pad:], layer.values[j : j + 1, :, pad:])
-                            for layer in layers
-                        ],
-                        pad,
-                    )
-                )
+                kv = [(layer.keys[j : j + 1, :, pad:], layer.values[j : j + 1, :, pad:]) for layer in layers]
+                self.staged.append((row, kv))
         return len(rows)
 
     def _replace(self) -> int:
@@ -280,10 +265,10 @@ class ContinuousBatcher:
         for i, old in enumerate(self.active):
             if old.finish_reason is None:
                 continue
-            j = next((k for k, row in enumerate(self.staged) if len(row.prompt_ids) <= width), None)
+            j = next((k for k, (row, _) in enumerate(self.staged) if len(row.prompt_ids) <= width), None)
             if j is None:
                 break
-            row, (kv, _) = self.staged.pop(j), self._staged_kv.pop(j)
+            row, kv = self.staged.pop(j)
             start = width - len(row.prompt_ids)
             for layer, (keys, values) in zip(layers, kv):
                 layer.keys[i, :, start:] = keys[0]
@@ -301,19 +286,18 @@ class ContinuousBatcher:
         widest, is appended to the running cache (a copy of their prompts only, no forward)."""
         from transformers import DynamicCache
 
-        rows, staged = self.staged[:count], self._staged_kv[:count]
-        del self.staged[:count], self._staged_kv[:count]
+        rows, kvs = zip(*self.staged[:count])
+        del self.staged[:count]
         width = max(len(row.prompt_ids) for row in rows)
         pads = [width - len(row.prompt_ids) for row in rows]
+
+        def stacked(tensors: tuple[torch.Tensor, ...]) -> torch.Tensor:  # every row's, left-padded
+            return torch.cat([torch.nn.functional.pad(t, (0, 0, pad, 0)) for t, pad in zip(tensors, pads)])
+
         data = []
-        for layer in range(len(staged[0][0])):
-            keys = [
-                torch.nn.functional.pad(kv[layer][0], (0, 0, pad, 0)) for (kv, _), pad in zip(staged, pads)
-            ]
-            values = [
-                torch.nn.functional.pad(kv[layer][1], (0, 0, pad, 0)) for (kv, _), pad in zip(staged, pads)
-            ]
-            data.append((torch.cat(keys), torch.cat(values)))
+        for layer in zip(*kvs):  # one layer: each row's (keys, values)
+            keys, values = zip(*layer)
+            data.append((stacked(keys), stacked(values)))
         mask = torch.tensor(
             [[0] * pad + [1] * len(row.prompt_ids) for row, pad in zip(rows, pads)], device=self.device
         )

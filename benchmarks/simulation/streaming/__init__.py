@@ -9,9 +9,9 @@ decode step, which costs ``a + b * rows + c * context_tokens`` seconds; a group'
 ``prefill * prompt_len`` once, and a refill ``join_s`` (a prefill forward of its own: the HF engine's;
 0 for engines that fold prefill into the decode step, as vLLM's and SGLang's chunked prefill does);
 with ``stage`` (the HF engine's staged refill) one ``join_s`` prefills ``max_rows`` queued rows ahead,
-and the refills they serve cost nothing more. With ``padded`` (the HF engine's left-padded cache) a step
-attends over the widest row's context for every row. Between events (a row finishing, a group arriving, a pause) an engine's state evolves in closed form,
-so the cost of a run is proportional to the number of rows, not of tokens.
+and the refills they serve cost nothing more; with ``padded`` (the HF engine's left-padded cache) a step
+attends over the widest row's context for every row. Between events (a row finishing, a group arriving,
+a pause) an engine's state evolves in closed form: a run costs in rows, not in tokens.
 
 A weight sync pauses every engine for the push; in-flight rows keep their tokens and continue under the
 new version (optionally re-encoding ``resume_prefill`` of their context). Every row records the weight
