@@ -48,6 +48,8 @@ MODES = {
     "async_groups_continue": dict(max_staleness=1, max_inflight=2, **STREAM),
     "async_groups_continue_s2": dict(max_staleness=2, max_inflight=3, **STREAM),
 }
+MEDIANS = ("tokens_per_s", "steps_per_s", "quiesce_s", "push_s", "generate_s", "train_s", "wait_s")
+MEDIANS += ("engine_occupancy", "engine_busy", "engine_step_ms", "eval_accuracy")
 
 
 class Meter(Callback):
@@ -119,8 +121,9 @@ def run_mode(mode: str, config: dict[str, Any]) -> dict[str, Any]:
     strategy.shutdown()
     m = meter.steps
 
-    def mean(key: str) -> float:
-        return sum(s.get(key, 0.0) for s in m) / len(m)
+    def mean(key: str) -> float:  # over the steps that logged it (0.0: none did, e.g. a static engine)
+        seen = [s[key] for s in m if key in s]
+        return sum(seen) / len(seen) if seen else 0.0
 
     staleness = {
         str(k): sum(s.get(f"rollout/token_staleness/{k}", 0.0) for s in m) / len(m) for k in range(2)
@@ -136,6 +139,8 @@ def run_mode(mode: str, config: dict[str, Any]) -> dict[str, Any]:
         "train_s": mean("perf/train_time_s"),
         "wait_s": mean("perf/wait_time_s"),
         "engine_occupancy": mean("rollout/engine_occupancy"),
+        "engine_busy": mean("rollout/engine_busy"),  # the continuous engine's loop: share of time stepping
+        "engine_step_ms": mean("rollout/engine_step_ms"),  # ... and its mean step
         "token_staleness": staleness,
         "interrupted_samples_per_step": mean("rollout/interrupted_samples"),
         "interrupted_jobs": interrupted,
@@ -148,11 +153,12 @@ def run_mode(mode: str, config: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def generation_throughput(config: dict[str, Any], requests: int = 4) -> dict[str, float]:
+def generation_throughput(config: dict[str, Any], requests: int = 4) -> tuple[dict[str, float], list[int]]:
     """Generation alone, in this process, one torch thread: ``requests`` requests of the workload
     (``batch`` prompts x ``group`` samples at temperature 1), one after another on the static engine
     (as a one-call-at-a-time worker serves them) and all at once on the continuous one; completion
-    tokens per wall second, interleaved over ``rounds`` (medians)."""
+    tokens per wall second, interleaved over ``rounds`` (medians), and the continuous engine's
+    completion lengths (what the simulator's engine-alone calibration draws from)."""
     import threading
 
     from unirl_lightning.rollout.records import RolloutRequest, SamplingParams
@@ -167,6 +173,7 @@ def generation_throughput(config: dict[str, Any], requests: int = 4) -> dict[str
     sampling = SamplingParams(temperature=1.0, max_new_tokens=config["max_new_tokens"])
     records = [{"prompt": f"{i % 10}", "answer": "0"} for i in range(config["batch"])]
     seen: dict[str, list[float]] = {"static": [], "continuous": []}
+    lengths: list[int] = []
     for round_ in range(config["rounds"]):
         for batching in ("static", "continuous") if round_ % 2 == 0 else ("continuous", "static"):
             engine = HFEngineConfig(
@@ -198,14 +205,15 @@ def generation_throughput(config: dict[str, Any], requests: int = 4) -> dict[str
                     t.join()
             seconds = time.perf_counter() - start
             engine.close()
-            tokens = sum(len(x.completion_ids) for groups in out for g in groups for x in g)
-            seen[batching].append(tokens / seconds)
-    return {k: statistics.median(v) for k, v in seen.items()}
+            done = [len(x.completion_ids) for groups in out for g in groups for x in g]
+            seen[batching].append(sum(done) / seconds)
+            lengths += done if batching == "continuous" else []
+    return {k: statistics.median(v) for k, v in seen.items()}, lengths
 
 
 def run(config: dict[str, Any]) -> dict[str, Any]:
     torch.set_num_threads(1)
-    generation = generation_throughput(config)
+    generation, generation_lengths = generation_throughput(config)
     print(f"generation tokens/s: {generation}", flush=True)
     runs: list[dict[str, Any]] = []
     modes = [mode for mode in MODES if mode in config["modes"]]
@@ -223,20 +231,7 @@ def run(config: dict[str, Any]) -> dict[str, Any]:
     medians: dict[str, dict[str, float]] = {}
     for mode in modes:
         mine = [r for r in runs if r["mode"] == mode]
-        medians[mode] = {
-            key: statistics.median(r[key] for r in mine)
-            for key in (
-                "tokens_per_s",
-                "steps_per_s",
-                "quiesce_s",
-                "push_s",
-                "generate_s",
-                "train_s",
-                "wait_s",
-                "engine_occupancy",
-                "eval_accuracy",
-            )
-        }
+        medians[mode] = {key: statistics.median(r[key] for r in mine) for key in MEDIANS}
         medians[mode]["token_staleness_1"] = statistics.median(r["token_staleness"]["1"] for r in mine)
         medians[mode]["interrupted_samples_per_step"] = statistics.median(
             r["interrupted_samples_per_step"] for r in mine
@@ -250,6 +245,7 @@ def run(config: dict[str, Any]) -> dict[str, Any]:
     summary = {
         "generation_tokens_per_s": generation,
         "continuous_generation_over_static": round(generation["continuous"] / generation["static"], 3),
+        "generation_lengths": generation_lengths,
         "async_quiesce_over_sync": over("async_quiesce", "sync"),
         "async_interrupt_over_sync": over("async_interrupt", "sync"),
         "interrupt_over_quiesce": over("async_interrupt", "async_quiesce"),

@@ -132,3 +132,8 @@ def test_the_streaming_recipe_runs_as_shipped_from_yaml(tmp_path, monkeypatch):
     scalars = read_scalars(str(log_dir))
     assert len(scalars["rollout/reward_mean"]) == 4
     assert all(0 <= v <= 1 for _, v in scalars["rollout/engine_occupancy"])
+    # the continuous engine counts its steps: the share of the time it stepped, and a step's mean time
+    assert scalars["rollout/engine_busy"] and all(0 < v <= 1 for _, v in scalars["rollout/engine_busy"])
+    assert scalars["rollout/engine_step_ms"] and all(
+        0 < v < 1e3 for _, v in scalars["rollout/engine_step_ms"]
+    )

@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 import threading
+import time
 
 import pytest
 import torch
@@ -234,6 +235,46 @@ def test_occupancy_counts_the_tail_of_a_static_call_as_empty_slots():
     ratio = meter.stats()["rollout/engine_occupancy"]
     assert 0 < ratio <= sum(lengths) / (16 * max(lengths)) + 1e-9
     assert meter.stats() == {}, "a new window starts empty"
+
+
+def test_the_continuous_engine_reports_its_busy_share_and_mean_step_time():
+    """The loop's own counters: the steps that produced a token and their seconds, so the meter gives
+    the share of the window the loop stepped and the mean step time (a worker without them adds
+    nothing to either)."""
+    engine = HFEngineConfig(device="cpu", num_threads=None, batching="continuous", max_batch_size=4).build(
+        POLICY
+    )
+    timed: list[float] = []
+    step = engine.batcher.step
+
+    def counted() -> int:
+        start = time.perf_counter()
+        produced = step()
+        if produced:
+            timed.append(time.perf_counter() - start)
+        return produced
+
+    engine.batcher.step = counted
+    meter = OccupancyMeter()
+    meter.observe_spans([{"worker": 0, "occupancy": engine.occupancy()}])
+    meter.observe_spans([{"worker": 1, "occupancy": {"row_seconds": 0.0, "seconds": 0.0, "slots": 4.0}}])
+    engine.generate(one_prompt(n=6, max_new_tokens=20))
+    time.sleep(0.2)  # idle: counts against busy, not against the step time
+    counters = engine.occupancy()
+    assert counters["steps"] == len(timed) > 20 / 2, "every step that produced a token, once"
+    assert counters["busy_seconds"] == pytest.approx(sum(timed), rel=0.05)
+    meter.observe_spans([{"worker": 0, "occupancy": counters}])
+    meter.observe_spans([{"worker": 1, "occupancy": {"row_seconds": 4.0, "seconds": 2.0, "slots": 4.0}}])
+    stats = meter.stats()
+    assert stats["rollout/engine_step_ms"] == pytest.approx(
+        1e3 * counters["busy_seconds"] / counters["steps"]
+    )
+    # busy over worker 0's wall only (worker 1 reports no step counters)
+    assert stats["rollout/engine_busy"] == pytest.approx(
+        counters["busy_seconds"] / counters["seconds"], rel=0.05
+    )
+    assert 0 < stats["rollout/engine_busy"] < 1, "the 0.2 s idle is not busy"
+    engine.close()
 
 
 def test_a_weight_load_waits_at_most_the_decode_step_in_progress():

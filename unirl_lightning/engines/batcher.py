@@ -113,7 +113,8 @@ class ContinuousBatcher:
         self.refill_at = STAGED_REFILL_AT if stage else self.compact_at
         self.row_seconds = 0.0
         self.counted_at = time.perf_counter()  # the end of the last step counted in row_seconds
-        self.busy_seconds = 0.0
+        self.busy_seconds = 0.0  # seconds of the steps that produced a token
+        self.steps = 0  # steps that produced a token (decode steps, and stage prefills with no decode)
         self.sampler = RowSampler(device, stop_ids, tokenizer)
 
     # -- rows in and out ---------------------------------------------------------------------------
@@ -192,10 +193,13 @@ class ContinuousBatcher:
                 if admitted:
                     self._admit(admitted)
                     in_slots += admitted
-        self.counted_at = time.perf_counter()
-        seconds = self.counted_at - start
+        end = time.perf_counter()
+        seconds = end - start
         self.row_seconds += min(in_slots, self.max_rows) * seconds
-        self.busy_seconds += seconds if produced else 0.0
+        if produced:
+            self.busy_seconds += seconds
+            self.steps += 1
+        self.counted_at = end  # last: a report read from another thread is never ahead of the counters
         return produced
 
     @property

@@ -162,13 +162,17 @@ class ContinuousHFEngine(HFEngine):
         return group
 
     def occupancy(self) -> dict[str, float]:
-        """``{"row_seconds", "seconds", "slots"}``: active rows x seconds summed over decode steps, the
-        engine's age in seconds, and its slots (``max_batch_size``)."""
+        """``{"row_seconds", "seconds", "slots", "busy_seconds", "steps"}``: active rows x seconds summed
+        over decode steps, the engine's age in seconds, its slots (``max_batch_size``), and the seconds
+        and count of the loop's steps that produced a token (their ratio is the mean step time; busy
+        over age is the share of the time the loop was stepping)."""
         return {
             "row_seconds": self.batcher.row_seconds,
             # as of the last counted step: a report read while a step runs stays consistent
             "seconds": self.batcher.counted_at - self._started,
             "slots": float(self.batcher.max_rows),
+            "busy_seconds": self.batcher.busy_seconds,
+            "steps": float(self.batcher.steps),
         }
 
     # -- weights: loaded between two decode steps ------------------------------------------------------

@@ -5,6 +5,13 @@ steps, ``seconds`` = its age, ``slots``). Standard library only.
 Over a window, a worker's occupancy is ``delta(row_seconds) / (slots * delta(seconds))``: idle time
 counts as empty slots, and so does the tail of a static ``generate`` call whose finished rows wait
 for its longest one. ``rollout/engine_occupancy`` is the ratio of the sums over every worker seen.
+
+An engine that runs its own step loop (the continuous HF engine) also reports ``busy_seconds`` and
+``steps``: the seconds and count of the steps that produced a token. From them,
+``rollout/engine_busy`` is the share of the window the loops were stepping (the rest they had no work,
+or waited on a weight push), and ``rollout/engine_step_ms`` the mean step time: occupancy says how
+full a step was, these two how often steps ran and how long each took (a step slower than the
+engine alone measures is contention for the cores or the device).
 """
 
 from __future__ import annotations
@@ -13,6 +20,8 @@ from collections.abc import Iterable
 from typing import Any
 
 __all__ = ["OccupancyMeter"]
+
+_STEP_KEYS = ("busy_seconds", "steps")
 
 
 class OccupancyMeter:
@@ -29,9 +38,12 @@ class OccupancyMeter:
     """
 
     def __init__(self) -> None:
-        self._last: dict[Any, tuple[float, float]] = {}
+        self._last: dict[Any, tuple[float, ...]] = {}
         self._rows = 0.0
         self._capacity = 0.0
+        self._wall = 0.0  # seconds of the windows whose reports carried step counters
+        self._busy = 0.0
+        self._steps = 0.0
 
     def observe_spans(self, spans: Iterable[dict[str, Any]]) -> None:
         """Take the counters of every span that carries them (a worker's first report only sets its
@@ -41,6 +53,8 @@ class OccupancyMeter:
             if counters is None:
                 continue
             now = (float(counters["row_seconds"]), float(counters["seconds"]))
+            if all(key in counters for key in _STEP_KEYS):
+                now += tuple(float(counters[key]) for key in _STEP_KEYS)
             before = self._last.get(span["worker"])
             if before is not None and now[0] < before[0]:
                 before = None  # the counters went back: a replaced worker, counted from its first report
@@ -49,13 +63,22 @@ class OccupancyMeter:
             if before is not None:
                 self._rows += now[0] - before[0]
                 self._capacity += float(counters["slots"]) * (now[1] - before[1])
+                if len(now) == len(before) == 4:
+                    self._wall += now[1] - before[1]
+                    self._busy += now[2] - before[2]
+                    self._steps += now[3] - before[3]
             self._last[span["worker"]] = now
 
     def stats(self) -> dict[str, float]:
-        """``{"rollout/engine_occupancy": ratio}`` over the window since the last call (``{}`` when no
-        window was measured), then a new window."""
+        """``{"rollout/engine_occupancy": ratio}`` over the window since the last call, with
+        ``rollout/engine_busy`` and ``rollout/engine_step_ms`` where the engines count their steps
+        (``{}`` when no window was measured), then a new window."""
         if self._capacity <= 0:
             return {}
-        ratio = self._rows / self._capacity
-        self._rows = self._capacity = 0.0
-        return {"rollout/engine_occupancy": ratio}
+        out = {"rollout/engine_occupancy": self._rows / self._capacity}
+        if self._wall > 0:
+            out["rollout/engine_busy"] = self._busy / self._wall
+        if self._steps > 0:
+            out["rollout/engine_step_ms"] = 1e3 * self._busy / self._steps
+        self._rows = self._capacity = self._wall = self._busy = self._steps = 0.0
+        return out

@@ -28,45 +28,11 @@ import random
 from collections import deque
 from typing import Any
 
+from benchmarks.simulation.streaming.units import Group, Row
+
+__all__ = ["Engine", "Group", "Row", "World"]
+
 INF = float("inf")
-
-
-class Row:
-    __slots__ = ("group", "target", "tokens", "mark", "finish", "segments", "cancelled", "state")
-
-    def __init__(self, group: Group, target: int) -> None:
-        self.group, self.target = group, target
-        self.tokens = 0  # tokens generated up to engine step `mark`
-        self.mark = 0
-        self.finish = 0  # the engine step at which the row ends
-        self.segments: list[list[int]] = []
-        self.cancelled = False
-        self.state = 0  # 0 queued, 1 active, 2 finished
-
-    def close(self, step: int, version: int) -> None:
-        """Record the tokens generated since ``mark`` as made under ``version``."""
-        n = step - self.mark
-        if n > 0:
-            if self.segments and self.segments[-1][0] == version:
-                self.segments[-1][1] += n
-            else:
-                self.segments.append([version, n])
-            self.tokens += n
-        self.mark = step
-
-
-class Group:
-    def __init__(self, gen_id: int, targets: list[int], prompt_len: int) -> None:
-        self.gen_id, self.prompt_len = gen_id, prompt_len
-        self.rows = [Row(self, t) for t in targets]
-        self.remaining = len(targets)
-        self.engine: Engine | None = None
-        self.prefilled = False
-        self.done_at: float | None = None
-
-    def tokens(self) -> int:
-        """Prompt and completion tokens of the group (what the trainer processes)."""
-        return sum(self.prompt_len + r.target for r in self.rows)
 
 
 class Engine:
@@ -82,6 +48,7 @@ class Engine:
         self.load = 0  # rows assigned and not finished (active + queued)
         self.epoch = 0
         self.row_seconds = 0.0  # integral of active rows over decode time
+        self.busy = 0.0  # seconds computing (decode steps, prefills, joins): the loop's busy seconds
         self.joined_at = -1.0  # the world time of the last join (one forward for rows arriving together)
         self.staged = 0  # rows prefilled ahead (``stage``): refills that need no forward of their own
 
@@ -112,6 +79,7 @@ class Engine:
         if n > 0:
             dt = self.cost(n)
             self.row_seconds += self.rows * dt
+            self.busy += dt
             self.t += dt
             self.ctx += self.rows * n
             self.width += n
@@ -141,7 +109,7 @@ class Engine:
             group = row.group
             if not group.prefilled:
                 group.prefilled = True
-                self.t += w.prefill * group.prompt_len
+                self.spend(w.prefill * group.prompt_len, rows=False)
             row.mark, row.state = self.step, 1
             row.finish = self.step + row.target - row.tokens
             self.rows += 1
@@ -153,12 +121,17 @@ class Engine:
             self.staged -= joined
             if self.staged < 0:
                 self.staged += w.max_rows
-                self.t += w.join_s
-                self.row_seconds += self.rows * w.join_s
+                self.spend(w.join_s)
         elif joined and w.now > self.joined_at:  # rows that arrive together join in one forward
             self.joined_at = w.now
-            self.t += w.join_s
-            self.row_seconds += self.rows * w.join_s  # busy for every row, as the engine counts it
+            self.spend(w.join_s)
+
+    def spend(self, seconds: float, rows: bool = True) -> None:
+        """A forward outside the decode steps (a prompt's prefill, a join); ``rows``: counted as busy for
+        every active row, as the engine counts its steps."""
+        self.t += seconds
+        self.busy += seconds
+        self.row_seconds += self.rows * seconds if rows else 0.0
 
     def schedule(self) -> None:
         if self.world.padded:  # the widest active row now (rows started or finished since)
@@ -298,3 +271,7 @@ class World:
 
     def row_seconds(self) -> float:
         return sum(e.row_seconds for e in self.engines)
+
+    def counters(self) -> tuple[float, float, int]:
+        """Summed over the engines: row-seconds, busy seconds and decode steps."""
+        return self.row_seconds(), sum(e.busy for e in self.engines), sum(e.step for e in self.engines)

@@ -85,7 +85,7 @@ def run(cfg: Any) -> dict[str, Any]:
     stale: Counter = Counter()
     trained_ids: set[int] = set()
     trained, train_end, wait_from = 0, None, 0.0
-    t0 = rows0 = 0.0
+    t0, base = 0.0, (0.0, 0.0, 0)
 
     def admit() -> None:
         k = admit_groups(
@@ -154,9 +154,10 @@ def run(cfg: Any) -> dict[str, Any]:
                 sync()
             wait_from = world.now
             if trained == cfg.warmup:  # the measured window starts here
-                t0, rows0 = world.now, world.row_seconds()
+                t0, base = world.now, world.counters()
                 n, phase, stale = Counter(), Counter(), Counter()
     elapsed = world.now - t0
+    rows, busy, steps_run = world.counters()
     tokens_total = sum(stale.values()) or 1
     steps = cfg.steps
     inflight_now = controller.inflight + controller.suspended
@@ -171,7 +172,10 @@ def run(cfg: Any) -> dict[str, Any]:
         "phases_s_per_batch": {
             k: phase[k] / steps for k in ("wait", "recompute", "update", "push", "quiesce")
         },
-        "occupancy": (world.row_seconds() - rows0) / (cfg.max_rows * engines * elapsed),
+        "occupancy": (rows - base[0]) / (cfg.max_rows * engines * elapsed),
+        # as the continuous HF engine counts them: the share of the time stepping, and a step's mean
+        "engine_busy": (busy - base[1]) / (engines * elapsed),
+        "engine_step_ms": 1e3 * (busy - base[1]) / max(1, steps_run - base[2]),
         "token_staleness": {str(k): v / tokens_total for k, v in sorted(stale.items())},
         "groups": {
             "submitted": controller.next_gen_id,
