@@ -288,7 +288,10 @@ def main() -> None:
             f"{r['push_s']:>7.3f} {r['token_staleness_1']:>8.3f} {r['eval_accuracy']:>6.3f}"
         )
     common.finish(
-        record, config["out"], {k: v for k, v in record["summary"].items() if k != "medians"}, config=config
+        record,
+        config["out"],
+        {k: v for k, v in record["summary"].items() if k not in ("medians", "generation_lengths")},
+        config=config,
     )
 
 
