@@ -175,7 +175,7 @@ ENTRIES: list[Entry] = [
         "batcher_refill",
         "performance",
         "minutes",
-        "the continuous HF engine's refill, staged against unstaged (tokens/s, occupancy, prefills)",
+        "the continuous HF engine's refill: prompts shared, staged, unstaged (tokens/s, occupancy, prefills)",
         smoke=("--slots", "4", "--rows", "16", "--rounds", "1"),
     ),
     Entry(

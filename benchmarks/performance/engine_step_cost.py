@@ -30,7 +30,8 @@ from unirl_lightning.rollout.records import SamplingParams
 def measure(
     model: Any, device: torch.device, pad_id: int, prompt: list[int], rows: int, tokens: int
 ) -> dict[str, Any]:
-    batcher = ContinuousBatcher(model, device, stop_ids=[], pad_id=pad_id, max_rows=rows)
+    # every row's prompt prefilled (not one per distinct prompt): the join times the per-token prefill
+    batcher = ContinuousBatcher(model, device, stop_ids=[], pad_id=pad_id, max_rows=rows, share_prompts=False)
     sampling = SamplingParams(temperature=1.0, max_new_tokens=tokens)
     for i in range(rows):
         batcher.add(BatchRow(list(prompt), sampling, seed=i))

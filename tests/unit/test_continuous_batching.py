@@ -31,7 +31,7 @@ def built():
     return model.eval(), tok
 
 
-def batcher(built, max_rows: int, stage: bool = True) -> ContinuousBatcher:
+def batcher(built, max_rows: int, stage: bool = True, share_prompts: bool = True) -> ContinuousBatcher:
     model, tok = built
     return ContinuousBatcher(
         model,
@@ -42,6 +42,7 @@ def batcher(built, max_rows: int, stage: bool = True) -> ContinuousBatcher:
         max_positions=96,
         tokenizer=tok,
         stage=stage,
+        share_prompts=share_prompts,
     )
 
 
@@ -152,6 +153,37 @@ def test_staged_rows_refill_finished_slots_in_place_with_one_prefill_per_max_row
     worst = max(abs(a - b) for s, j in zip(staged, joined) for a, b in zip(s.logprobs, j.logprobs))
     assert worst < 1e-5
     assert staged_prefills == len(texts) // 4 < joined_prefills  # 6 against 11 when written
+
+
+def test_a_groups_samples_staged_together_share_one_prefill_and_sample_as_if_prefilled_apart(built):
+    """GRPO submits a prompt's samples together: staged together, they are prefilled once (a stage of 8
+    rows = 2 groups of 4 = 2 prompts in the forward). Their tokens are those of every row prefilled
+    on its own and of the unstaged batcher; log-probs agree to float rounding."""
+    model, tok = built
+    texts = [t for t in ("3+4=", "12+7=", "5+5+5=", "1=") for _ in range(4)]  # 4 groups of 4 samples
+    sampling = SamplingParams(temperature=1.0, max_new_tokens=12)
+    out = {}
+    for name, stage, share in (("shared", True, True), ("apart", True, False), ("joined", False, False)):
+        b = batcher(built, max_rows=8, stage=stage, share_prompts=share)
+        prefilled = []
+        prefill = b._prefill
+
+        def counted(rows, prefill=prefill, prefilled=prefilled):
+            prefilled.append(len(rows))
+            return prefill(rows)
+
+        b._prefill = counted
+        rows = [BatchRow(tok(t)["input_ids"], sampling, seed=i) for i, t in enumerate(texts)]
+        run(b, rows)
+        out[name] = (rows, prefilled)
+    shared, shared_prefilled = out["shared"]
+    assert shared_prefilled == [2, 2] and out["apart"][1] == [8, 8]
+    for other, _ in (out["apart"], out["joined"]):
+        assert [r.tokens for r in shared] == [r.tokens for r in other]
+        assert [r.finish_reason for r in shared] == [r.finish_reason for r in other]
+        worst = max(abs(a - b) for s, o in zip(shared, other) for a, b in zip(s.logprobs, o.logprobs))
+        assert worst < 1e-5
+    assert len({tuple(r.tokens) for r in shared[:4]}) > 1, "a group's samples differ (their own seeds)"
 
 
 def test_slots_stay_full_while_rows_wait_and_abort_keeps_the_tokens(built):

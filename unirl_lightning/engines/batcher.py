@@ -8,7 +8,8 @@ slots of the rows that finished. Refilling is staged: waiting rows are prefilled
 time (one forward, their first token sampled then) into a stage, and a staged row takes a finished
 row's slot in place, its prompt KV written right-aligned into that slot's cache row and the columns
 before it masked as padding: no forward and no copy of the running cache per refill, so a slot is
-refilled the step its row finishes. A staged prompt wider than the running cache waits for a
+refilled the step its row finishes. Rows staged together with the same prompt (a group's samples)
+share its prefill (``share_prompts``). A staged prompt wider than the running cache waits for a
 compaction (``Cache.batch_select_indices``) and is appended, its KV padded to the running width. The
 cache columns that are padding for every row are trimmed (views). The stage holds the prompt KV of at
 most ``2 * max_rows`` rows beyond the slots. ``stage=False`` keeps the earlier refill (one prefill
@@ -81,6 +82,8 @@ class ContinuousBatcher:
         tokenizer: decodes a row's tail for its stop strings (only rows whose sampling has ``stop``).
         version: ``version()`` -> the weight version the model holds now (stamped on every token).
         stage: refill from a stage of prefilled rows, in place (the default; see the module docstring).
+        share_prompts: rows staged together with the same prompt (a group's samples) share one prefill:
+            the prompt runs once and its rows keep views of the same KV (copied when each takes a slot).
     """
 
     def __init__(
@@ -95,13 +98,14 @@ class ContinuousBatcher:
         tokenizer: Any = None,
         version: Callable[[], int] = lambda: 0,
         stage: bool = True,
+        share_prompts: bool = True,
     ) -> None:
         self.model, self.device, self.version = model, device, version
         self.pad_id, self.max_rows, self.max_positions = pad_id, max_rows, max_positions
         self._cache_kw = _cache_kwarg(model)
         self.waiting: deque[BatchRow] = deque()
         self.active: list[BatchRow] = []
-        self.stage = stage
+        self.stage, self.share_prompts = stage, share_prompts
         # prefilled rows (first token sampled) waiting for a slot, each with its prompt KV per layer
         self.staged: list[tuple[BatchRow, list[tuple[torch.Tensor, torch.Tensor]]]] = []
         self._cache: Any = None
@@ -246,16 +250,33 @@ class ContinuousBatcher:
         if len(self.staged) >= slots or not self.waiting:
             return 0
         rows = [self.waiting.popleft() for _ in range(min(self.max_rows, len(self.waiting)))]
-        logits, cache, mask = self._prefill(rows)
-        self._sample(rows, logits)
+        firsts, prompt_of = self._distinct(rows)
+        logits, cache, mask = self._prefill(firsts)
+        self._sample(rows, logits[torch.tensor(prompt_of, device=logits.device)])
         width = mask.shape[1]
         layers = self._layers(cache)
-        for j, row in enumerate(rows):
+        for j, row in zip(prompt_of, rows):
             if row.finish_reason is None:
                 pad = width - len(row.prompt_ids)
                 kv = [(layer.keys[j : j + 1, :, pad:], layer.values[j : j + 1, :, pad:]) for layer in layers]
                 self.staged.append((row, kv))
         return len(rows)
+
+    def _distinct(self, rows: list[BatchRow]) -> tuple[list[BatchRow], list[int]]:
+        """The rows to prefill (the first row of each distinct prompt with ``share_prompts``, else every
+        row) and, for each of ``rows``, the index of its prompt among them."""
+        if not self.share_prompts:
+            return rows, list(range(len(rows)))
+        firsts: list[BatchRow] = []
+        index: dict[tuple[int, ...], int] = {}
+        prompt_of = []
+        for row in rows:
+            key = tuple(row.prompt_ids)
+            if key not in index:
+                index[key] = len(firsts)
+                firsts.append(row)
+            prompt_of.append(index[key])
+        return firsts, prompt_of
 
     def _replace(self) -> int:
         """Put staged rows into the slots of finished ones, in place: a staged row whose prompt fits the

@@ -83,7 +83,8 @@ class HFEngineConfig(TorchThreadsEngineConfig):
             cache is copied to each of its rows before ``generate`` decodes (what vLLM's prefix
             caching does for a group). The samples and log-probs are those of the plain path up to
             float rounding (the prefill runs at another batch size). Off, or a call without repeated
-            prompts or with a one-token prompt, prefills every row.
+            prompts or with a one-token prompt, prefills every row. With ``batching="continuous"``,
+            rows staged together with the same prompt share its prefill (the whole prompt).
 
     Example::
 

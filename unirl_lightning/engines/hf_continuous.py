@@ -55,6 +55,7 @@ class ContinuousHFEngine(HFEngine):
             max_positions=self.max_positions if isinstance(self.max_positions, int) else None,
             tokenizer=self.tokenizer,
             version=lambda: self.weight_version,
+            share_prompts=config.share_prompt_prefill,
         )
 
     # -- the background loop ---------------------------------------------------------------------------
