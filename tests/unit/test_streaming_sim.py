@@ -103,27 +103,33 @@ def test_measured_lengths_are_drawn_as_given_and_a_step_overhead_slows_every_ste
 
 
 def test_the_calibration_here_predicts_the_real_long_tail_runs_within_its_tolerance():
-    """Against the committed measurements (engine step costs, the real long-tail runs, one day). Trainer-
-    bound (128 slots): steps/s within 40% and occupancy within 45% (+11..+24% and -3..+15% when
-    written). Generation-bound (16 slots): steps/s within 75% (+48..+60%: the simulator does not model
-    the engine, the trainer and Ray sharing two cores, nor the engine loop's own costs, which weigh
-    more since the staged refill made the engine faster; +24..+27% before it), occupancy within 15%
-    (-3..-6%), and the engine alone within 35% (+24%; +14% before)."""
+    """Against the committed measurements (engine step costs, the real long-tail runs, one day). From the
+    engine's own step costs: trainer-bound (128 slots) steps/s within 40% and occupancy within 45%
+    (+10..+32% and -27..-2% when written); generation-bound (16 slots) steps/s within 50% (+28..+31%),
+    occupancy within 15% (-4..0%); the engine alone within 25% (+11%). With the step cost the runs
+    recorded (``rollout/engine_step_ms``: 1.5-2x the same steps alone, the cores being shared): steps/s
+    within 20% (-10..+9%) and the engine's busy share within 15% (0..+7%) on both workloads."""
     from benchmarks.simulation.streaming.here import calibrate_here
 
     record = calibrate_here(steps=60, warmup=5)
     table = record["table"]
+    models = ("update only", "update + measured overhead", "update + overhead, the run's step cost")
     assert {(r["bound"], r["mode"], r["trainer"]) for r in table} == {
         (bound, mode, trainer)
         for bound in ("trainer", "engine")
         for mode in ("async_groups", "async_groups_continue")
-        for trainer in ("update only", "update + measured overhead")
+        for trainer in models
     }
     for row in table:
-        steps, occupancy = (0.40, 0.45) if row["bound"] == "trainer" else (0.75, 0.15)
+        if row["trainer"] == models[2]:
+            assert row["step_cost_scale"] > 1.3, row  # the run's steps are slower than alone
+            assert abs(row["steps_per_s"]["error"]) < 0.20, row
+            assert abs(row["engine_busy"]["error"]) < 0.15, row
+            continue
+        steps, occupancy = (0.40, 0.45) if row["bound"] == "trainer" else (0.50, 0.15)
         assert abs(row["steps_per_s"]["error"]) < steps, row
         assert abs(row["occupancy"]["error"]) < occupancy, row
-    assert abs(record["engine_alone"]["interrupt_long_tail_slots16"]["error"]) < 0.35
+    assert abs(record["engine_alone"]["interrupt_long_tail_slots16"]["error"]) < 0.25
 
 
 def test_a_join_is_one_forward_for_rows_arriving_together_and_waits_for_refill_at_free_slots():
