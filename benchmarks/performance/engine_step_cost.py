@@ -8,12 +8,20 @@ engine's own :class:`~unirl_lightning.engines.batcher.ContinuousBatcher`, with n
 row decodes ``--tokens`` tokens: ``R`` rows join at once (one prefill, timed), then every decode step is
 timed with its active rows and their context tokens. A least-squares fit of ``a + b*rows + c*context``
 over every step of every ``R`` (rounds interleaved) is the simulator's decode cost; the prefill cost
-per prompt token is the join step's time less one decode step's, over the prompt tokens. Writes
-benchmarks/results/engine_step_cost.json (the fit, its relative error per ``R``, and the medians).
+per prompt token is the join step's time less one decode step's, over the prompt tokens.
+
+The refill (``--refill-slots``): ``--refill-rows`` rows in groups of 8 sharing a prompt, lengths drawn
+from a geometric law (mean about 15 tokens, at most 48), through ``S`` slots with the staged refill as
+the engine runs it. The time in the batcher's refill code (its stage prefills, writing rows into slots,
+appending, compacting), less what the simulator charges already (one forward's ``a`` per stage and the
+prefill of each distinct prompt), per row admitted, is ``refill_s_per_row``.
+Writes benchmarks/results/engine_step_cost.json (the fit, its relative error per ``R``, the refill
+cost, and the medians).
 """
 
 from __future__ import annotations
 
+import random
 import statistics
 import time
 from typing import Any
@@ -47,6 +55,54 @@ def measure(
     return {"rows": rows, "join_s": join_s, "steps": steps}
 
 
+def refill_cost(
+    model: Any, device: torch.device, pad_id: int, prompts: list[list[int]], slots: int, rows: int, fit: dict
+) -> dict[str, float]:
+    """Seconds per admitted row in the batcher's refill code (the stage's prefill forwards beyond the
+    simulator's ``a`` per forward and per-token prefill of each distinct prompt; writing a row into a
+    slot, appending rows, compacting), timed around those methods (see the module docstring)."""
+    batcher = ContinuousBatcher(model, device, stop_ids=[], pad_id=pad_id, max_rows=slots)
+    rng = random.Random(0)
+    for i in range(rows):
+        length = min(48, 1 + int(rng.expovariate(1 / 14)))
+        prompt = prompts[(i // 8) % len(prompts)]
+        batcher.add(BatchRow(list(prompt), SamplingParams(temperature=1.0, max_new_tokens=length), seed=i))
+    spent = dict.fromkeys(("_stage_for", "_replace", "_admit", "_select"), 0.0)
+    counts = {"stages": 0, "distinct": 0}
+
+    def timed(name: str) -> Any:
+        method = getattr(batcher, name)
+
+        def run(*args: Any) -> Any:
+            start = time.perf_counter()
+            try:
+                return method(*args)
+            finally:
+                spent[name] += time.perf_counter() - start
+
+        return run
+
+    prefill = batcher._prefill
+
+    def counted(batch: list[BatchRow]) -> Any:
+        counts["stages"] += 1
+        counts["distinct"] += len(batch)
+        return prefill(batch)
+
+    batcher._prefill = counted
+    for name in spent:
+        setattr(batcher, name, timed(name))
+    while batcher.pending:
+        batcher.step()
+    modelled = counts["stages"] * fit["a"] + counts["distinct"] * fit["prefill_s_per_token"] * len(prompts[0])
+    return {
+        "slots": slots,
+        "spent": spent,
+        **counts,
+        "refill_s_per_row": (sum(spent.values()) - modelled) / rows,
+    }
+
+
 def fit(points: list[tuple[int, int, float]]) -> tuple[float, float, float]:
     """Least squares of ``seconds = a + b*rows + c*context`` (normal equations, 3x3)."""
     x = torch.tensor([[1.0, r, c] for r, c, _ in points], dtype=torch.float64)
@@ -60,6 +116,8 @@ def main() -> None:
     parser.add_argument("--rows", type=int, nargs="+", default=[1, 2, 4, 8, 16, 32, 64, 128])
     parser.add_argument("--tokens", type=int, default=48, help="decode steps per row (no stop token)")
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--refill-slots", type=int, nargs="+", default=[16, 128])
+    parser.add_argument("--refill-rows", type=int, default=512)
     parser.add_argument(
         "--out", default="engine_step_cost", help="results file (a bare name: in the results folder)"
     )
@@ -96,8 +154,30 @@ def main() -> None:
     prefill = statistics.median(v["prefill_s_per_token"] for v in per_rows.values())
     summary = {"a": a, "b": b, "c": c, "prefill_s_per_token": prefill, "prompt_len": len(prompt)}
     summary["per_rows"] = per_rows
+    prompts = [policy.prompt_ids(engine.tokenizer, {"prompt": p}) for p in ("6=", "4=", "7=", "1=")]
+    refills = [
+        refill_cost(
+            engine.model,
+            engine.device,
+            engine.tokenizer.pad_token_id,
+            prompts,
+            slots,
+            config["refill_rows"],
+            summary,
+        )
+        for _ in range(config["rounds"])
+        for slots in config["refill_slots"]
+    ]
+    summary["refill"] = {
+        str(slots): statistics.median(r["refill_s_per_row"] for r in refills if r["slots"] == slots)
+        for slots in config["refill_slots"]
+    }
+    summary["refill_s_per_row"] = statistics.median(summary["refill"].values())
     print(
         f"step = {a * 1e3:.3f} ms + {b * 1e6:.2f} us x rows + {c * 1e9:.2f} ns x context; prefill {prefill * 1e6:.1f} us/token"
+    )
+    print(
+        f"refill {summary['refill_s_per_row'] * 1e6:.1f} us a row beyond the modelled forwards: {summary['refill']}"
     )
     for rows, v in per_rows.items():
         print(

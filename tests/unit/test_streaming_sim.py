@@ -104,11 +104,11 @@ def test_measured_lengths_are_drawn_as_given_and_a_step_overhead_slows_every_ste
 
 def test_the_calibration_here_predicts_the_real_long_tail_runs_within_its_tolerance():
     """Against the committed measurements (engine step costs, the real long-tail runs, one day). From the
-    engine's own step costs: trainer-bound (128 slots) steps/s within 40% and occupancy within 45%
-    (+10..+32% and -27..-2% when written); generation-bound (16 slots) steps/s within 50% (+28..+31%),
-    occupancy within 15% (-4..0%); the engine alone within 25% (+11%). With the step cost the runs
-    recorded (``rollout/engine_step_ms``: 1.5-2x the same steps alone, the cores being shared): steps/s
-    within 20% (-10..+9%) and the engine's busy share within 15% (0..+7%) on both workloads."""
+    engine's own step and refill costs: trainer-bound (128 slots) steps/s within 40% and occupancy within
+    45% (+10..+32% and -9..+24% when written); generation-bound (16 slots) steps/s within 40%
+    (+22..+24%), occupancy within 15% (-2..+6%); the engine alone within 15% (+4%). With the step cost
+    the runs recorded (``rollout/engine_step_ms``: 1.5-2x the same steps alone, the cores being shared):
+    steps/s within 20% (-10..+6%) and the engine's busy share within 15% (-2..+5%) on both workloads."""
     from benchmarks.simulation.streaming.here import calibrate_here
 
     record = calibrate_here(steps=60, warmup=5)
@@ -126,10 +126,10 @@ def test_the_calibration_here_predicts_the_real_long_tail_runs_within_its_tolera
             assert abs(row["steps_per_s"]["error"]) < 0.20, row
             assert abs(row["engine_busy"]["error"]) < 0.15, row
             continue
-        steps, occupancy = (0.40, 0.45) if row["bound"] == "trainer" else (0.50, 0.15)
+        steps, occupancy = (0.40, 0.45) if row["bound"] == "trainer" else (0.40, 0.15)
         assert abs(row["steps_per_s"]["error"]) < steps, row
         assert abs(row["occupancy"]["error"]) < occupancy, row
-    assert abs(record["engine_alone"]["interrupt_long_tail_slots16"]["error"]) < 0.25
+    assert abs(record["engine_alone"]["interrupt_long_tail_slots16"]["error"]) < 0.15
 
 
 def test_a_join_is_one_forward_for_rows_arriving_together_and_waits_for_refill_at_free_slots():
@@ -161,6 +161,13 @@ def test_a_join_is_one_forward_for_rows_arriving_together_and_waits_for_refill_a
     assert world.engines[0].rows == 12 and world.engines[0].t == pytest.approx(0.5)
     world.add(world.new_group(3))  # the 4 staged rows: no forward of their own
     assert world.engines[0].rows == 16 and world.engines[0].t == pytest.approx(0.5)
+    cfg.refill_s = 0.01  # each row admitted costs its copy and first token on top, counted as busy
+    world = World(cfg, 1)
+    for gen_id in range(3):
+        world.add(world.new_group(gen_id))
+    assert world.engines[0].t == pytest.approx(0.5 + 12 * 0.01) == world.engines[0].busy
+    assert engine_cfg(costs | {"refill_s_per_row": 2e-4}, 16, joins=True)["refill_s"] == 2e-4
+    assert engine_cfg(costs | {"refill_s_per_row": 2e-4}, 16, joins=False)["refill_s"] == 0.0
     cfg = small(lengths=[10], max_new_tokens=10, samples=4, max_rows=16, join_s=0.5, refill_at=2, a=1e-3)
     cfg.b = cfg.c = cfg.prefill = 0.0
     world = World(cfg, 1)

@@ -9,9 +9,10 @@ decode step, which costs ``a + b * rows + c * context_tokens`` seconds; a group'
 ``prefill * prompt_len`` once, and a refill ``join_s`` (a prefill forward of its own: the HF engine's;
 0 for engines that fold prefill into the decode step, as vLLM's and SGLang's chunked prefill does);
 with ``stage`` (the HF engine's staged refill) one ``join_s`` prefills ``max_rows`` queued rows ahead,
-and the refills they serve cost nothing more; with ``padded`` (the HF engine's left-padded cache) a step
-attends over the widest row's context for every row. Between events (a row finishing, a group arriving,
-a pause) an engine's state evolves in closed form: a run costs in rows, not in tokens.
+and each row admitted costs ``refill_s`` more (its KV copied into its slot, its first token); with
+``padded`` (the HF engine's left-padded cache) a step attends over the widest row's context for every
+row. Between events (a row finishing, a group arriving, a pause) an engine's state evolves in closed
+form: a run costs in rows, not in tokens.
 
 A weight sync pauses every engine for the push; in-flight rows keep their tokens and continue under the
 new version (optionally re-encoding ``resume_prefill`` of their context). Every row records the weight
@@ -117,6 +118,8 @@ class Engine:
             w.seq += 1
             heapq.heappush(self.heap, (row.finish, w.seq, row))
         joined = self.rows - before
+        if joined and w.refill_s:  # per admitted row: its KV copied into its slot, its first token
+            self.spend(joined * w.refill_s)
         if joined and w.stage:  # staged refill: one forward prefills up to max_rows queued rows
             self.staged -= joined
             if self.staged < 0:
@@ -184,6 +187,7 @@ class World:
         self.resume_prefill = cfg.resume_prefill
         self.join_s, self.refill_at = getattr(cfg, "join_s", 0.0), getattr(cfg, "refill_at", 1)
         self.stage, self.padded = getattr(cfg, "stage", False), getattr(cfg, "padded", False)
+        self.refill_s = getattr(cfg, "refill_s", 0.0)  # seconds per row admitted, beyond joins and prefill
         self.engines = [Engine(self, i) for i in range(engines)]
         self.events: list[tuple[float, int, int]] = []
         self.now, self.version, self.seq = 0.0, 0, 0

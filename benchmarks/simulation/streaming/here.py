@@ -83,6 +83,7 @@ def engine_cfg(engine: dict[str, Any], slots: int, joins: bool, scale: float = 1
         "per_call": False,
         "resume_prefill": 0.0,
         "join_s": scale * engine["a"] if joins else 0.0,
+        "refill_s": scale * engine.get("refill_s_per_row", 0.0) if joins else 0.0,
         "refill_at": 1,
         "stage": joins,
         "padded": joins,
