@@ -102,7 +102,7 @@ def run_mode(mode: str, config: dict[str, Any]) -> dict[str, Any]:
         reward=ExactMatchReward(),
         num_generations=config["group"],
         max_new_tokens=config["max_new_tokens"],
-        lr=3e-3,
+        lr=config["lr"],
     )
     steps = config["steps"] + config["warmup"]
     evaluator = RolloutEvalCallback(every_n_steps=steps, num_prompts=16)
@@ -270,6 +270,7 @@ def main() -> None:
     parser.add_argument("--layers", type=int, default=2)
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--chunk", type=int, default=8, help="interrupt_chunk_tokens")
+    parser.add_argument("--lr", type=float, default=3e-3, help="0: the policy stays put (equal work)")
     parser.add_argument("--batch", type=int, default=16, help="prompts per step")
     parser.add_argument("--group", type=int, default=8, help="samples per prompt")
     parser.add_argument("--slots", type=int, default=None, help="engine rows at once; default: a step's")
