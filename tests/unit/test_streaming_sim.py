@@ -108,7 +108,10 @@ def test_the_calibration_here_predicts_the_real_long_tail_runs_within_its_tolera
     45% (+10..+32% and -9..+24% when written); generation-bound (16 slots) steps/s within 40%
     (+22..+24%), occupancy within 15% (-2..+6%); the engine alone within 15% (+4%). With the step cost
     the runs recorded (``rollout/engine_step_ms``: 1.5-2x the same steps alone, the cores being shared):
-    steps/s within 20% (-10..+6%) and the engine's busy share within 15% (-2..+5%) on both workloads."""
+    steps/s within 20% (-10..+6%) and the engine's busy share within 15% (-2..+5%) on both workloads.
+    The generation-bound run with the policy held fixed (``_lr0``: the untrained long-tail lengths):
+    steps/s from the engine's own costs within 80% (+47..+73%), occupancy within 15% (-12..0%), the
+    engine alone within 15% (+10%); with the run's step cost as above."""
     from benchmarks.simulation.streaming.here import calibrate_here
 
     record = calibrate_here(steps=60, warmup=5)
@@ -127,9 +130,14 @@ def test_the_calibration_here_predicts_the_real_long_tail_runs_within_its_tolera
             assert abs(row["engine_busy"]["error"]) < 0.15, row
             continue
         steps, occupancy = (0.40, 0.45) if row["bound"] == "trainer" else (0.40, 0.15)
+        if row["workload"].endswith(
+            "_lr0"
+        ):  # longer completions: more of the run is decode beside the trainer
+            steps = 0.80
         assert abs(row["steps_per_s"]["error"]) < steps, row
         assert abs(row["occupancy"]["error"]) < occupancy, row
     assert abs(record["engine_alone"]["interrupt_long_tail_slots16"]["error"]) < 0.15
+    assert abs(record["engine_alone"]["interrupt_long_tail_slots16_lr0"]["error"]) < 0.15
 
 
 def test_a_join_is_one_forward_for_rows_arriving_together_and_waits_for_refill_at_free_slots():

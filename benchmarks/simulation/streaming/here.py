@@ -6,7 +6,8 @@ Inputs, all measured here, none fitted to the runs being predicted:
   decode steps (``benchmarks/results/engine_step_cost.json``, ``performance/engine_step_cost.py``);
 * the workloads (``performance/interrupt_long_tail.py``): 16 prompts x 8 samples a step,
   ``max_staleness 1``, ``max_inflight 2`` (32 groups), with 128 engine slots (``interrupt_long_tail_groups``:
-  the trainer is the slower side) or 16 (``interrupt_long_tail_slots16``: the engine is); the completion
+  the trainer is the slower side) or 16 (``interrupt_long_tail_slots16``: the engine is; ``_lr0``: the
+  same with the policy held fixed, so every mode generates the untrained long-tail lengths); the completion
   lengths each mode trained (drawn with replacement), the trainer's update seconds per trained token
   (``perf/train_time_s`` over the step's tokens) and the push seconds.
 
@@ -38,6 +39,11 @@ WORKLOADS = {  # results file -> (how it was made, what bounds it)
     ),
     "interrupt_long_tail_slots16": (
         "interrupt_long_tail --slots 16 --out interrupt_long_tail_slots16",
+        "engine",
+    ),
+    # the same with the policy held fixed (--lr 0): every mode generates the untrained long-tail lengths
+    "interrupt_long_tail_slots16_lr0": (
+        "interrupt_long_tail --slots 16 --lr 0 --out interrupt_long_tail_slots16_lr0",
         "engine",
     ),
 }
