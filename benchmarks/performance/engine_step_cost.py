@@ -68,7 +68,7 @@ def refill_cost(
         prompt = prompts[(i // 8) % len(prompts)]
         batcher.add(BatchRow(list(prompt), SamplingParams(temperature=1.0, max_new_tokens=length), seed=i))
     spent = dict.fromkeys(("_stage_for", "_replace", "_admit", "_select"), 0.0)
-    counts = {"stages": 0, "distinct": 0}
+    counts = {"stages": 0, "prompt_tokens": 0}  # stage forwards, and the distinct prompts' tokens in them
 
     def timed(name: str) -> Any:
         method = getattr(batcher, name)
@@ -86,7 +86,7 @@ def refill_cost(
 
     def counted(batch: list[BatchRow]) -> Any:
         counts["stages"] += 1
-        counts["distinct"] += len(batch)
+        counts["prompt_tokens"] += sum(len(row.prompt_ids) for row in batch)
         return prefill(batch)
 
     batcher._prefill = counted
@@ -94,7 +94,7 @@ def refill_cost(
         setattr(batcher, name, timed(name))
     while batcher.pending:
         batcher.step()
-    modelled = counts["stages"] * fit["a"] + counts["distinct"] * fit["prefill_s_per_token"] * len(prompts[0])
+    modelled = counts["stages"] * fit["a"] + counts["prompt_tokens"] * fit["prefill_s_per_token"]
     return {
         "slots": slots,
         "spent": spent,

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import json
 import statistics
+from functools import partial
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -151,16 +152,14 @@ def predict(
         lengths = [n for r in workload["runs"] if r["mode"] == mode for n in r["completion_lengths"]]
         period = 1.0 / measured["steps_per_s"]
         other = period - measured["train_s"] - measured["wait_s"] - measured["quiesce_s"] - measured["push_s"]
-        variants = [("update only", 0.0, 1.0), ("update + measured overhead", max(0.0, other), 1.0)]
-        for trainer, overhead, scale in variants:
-            sim = run(
-                mode_cfg(
-                    engine, config, measured, lengths, drains, overhead, scale, seed, steps, warmup, joins
-                )
-            )
-            if trainer == "update + measured overhead" and measured.get("engine_step_ms"):
-                scale = measured["engine_step_ms"] / sim["engine_step_ms"]
-                variants.append(("update + overhead, the run's step cost", overhead, scale))
+        cfg_for = partial(mode_cfg, engine, config, measured, lengths, drains, seed, steps, warmup, joins)
+        models = [("update only", 0.0, 1.0), ("update + measured overhead", max(0.0, other), 1.0)]
+        sims = [run(cfg_for(overhead, scale)) for _, overhead, scale in models]
+        if measured.get("engine_step_ms"):  # the run's step cost: scaled by its step over the simulated one
+            scale = measured["engine_step_ms"] / sims[1]["engine_step_ms"]
+            models.append(("update + overhead, the run's step cost", models[1][1], scale))
+            sims.append(run(cfg_for(models[1][1], scale)))
+        for (trainer, overhead, scale), sim in zip(models, sims):
             steps_per_s = 1.0 / sim["s_per_batch"]
             rows.append(
                 {
@@ -195,12 +194,12 @@ def mode_cfg(
     measured: dict[str, Any],
     lengths: list[int],
     drains: bool,
-    overhead: float,
-    scale: float,
     seed: int,
     steps: int,
     warmup: int,
     joins: bool,
+    overhead: float,
+    scale: float,
 ) -> SimpleNamespace:
     """One measured mode as the simulator runs it: its lengths, update cost per token, push seconds
     and (``overhead``) the rest of its measured step; the engine's costs times ``scale``."""
