@@ -137,3 +137,7 @@ def test_the_streaming_recipe_runs_as_shipped_from_yaml(tmp_path, monkeypatch):
     assert scalars["rollout/engine_step_ms"] and all(
         0 < v < 1e3 for _, v in scalars["rollout/engine_step_ms"]
     )
+    # ... and its starved slots: with the occupancy, at most the whole slot-time, step by step
+    occupancy = dict(scalars["rollout/engine_occupancy"])
+    starved = dict(scalars["rollout/engine_starved"])
+    assert starved and all(0 <= v <= 1 - occupancy[step] + 1e-6 for step, v in starved.items())

@@ -309,6 +309,64 @@ def test_the_continuous_engine_reports_its_busy_share_and_mean_step_time():
     engine.close()
 
 
+def starved_share(engine: ContinuousHFEngine, request: RolloutRequest) -> dict[str, float]:
+    """The meter's figures over one ``generate`` of ``request`` (the window opens before the call)."""
+    meter = OccupancyMeter()
+    meter.observe_spans([{"worker": 0, "occupancy": engine.occupancy()}])
+    engine.generate(request)
+    meter.observe_spans([{"worker": 0, "occupancy": engine.occupancy()}])
+    return meter.stats()
+
+
+def test_starved_slots_are_the_free_ones_with_nothing_queued():
+    """``rollout/engine_starved``: free slots while no row waits. Two rows in eight slots leave six
+    starved at every step (and all eight before the rows arrive), so occupancy and starved fill the
+    slot-time between them; sixteen rows in four slots keep rows queued until the tail."""
+    config = HFEngineConfig(device="cpu", num_threads=None, batching="continuous", max_batch_size=8)
+    engine = config.build(POLICY)
+    time.sleep(0.05)  # the engine waits for work: every slot starved
+    few = starved_share(engine, one_prompt(n=2, max_new_tokens=24))
+    engine.close()
+    assert few["rollout/engine_starved"] >= 6 / 8
+    assert few["rollout/engine_occupancy"] + few["rollout/engine_starved"] == pytest.approx(1.0, abs=0.03)
+
+    config = HFEngineConfig(device="cpu", num_threads=None, batching="continuous", max_batch_size=4)
+    engine = config.build(POLICY)
+    many = starved_share(engine, one_prompt(n=16, max_new_tokens=24))
+    counters = engine.occupancy()
+    engine.close()
+    assert many["rollout/engine_starved"] < 0.5 < few["rollout/engine_starved"]
+    assert many["rollout/engine_occupancy"] + many["rollout/engine_starved"] <= 1.0 + 1e-9
+    assert 0 < counters["starved_slot_seconds"] <= counters["slots"] * counters["seconds"]
+
+
+def test_the_meter_takes_starved_slots_only_from_engines_that_count_them():
+    meter = OccupancyMeter()
+    counted = {"row_seconds": 0.0, "seconds": 0.0, "slots": 4.0, "starved_slot_seconds": 0.0}
+    meter.observe_spans([{"worker": 0, "occupancy": counted}])
+    meter.observe_spans([{"worker": 1, "occupancy": {"row_seconds": 0.0, "seconds": 0.0, "slots": 4.0}}])
+    counted = {"row_seconds": 4.0, "seconds": 2.0, "slots": 4.0, "starved_slot_seconds": 2.0}
+    meter.observe_spans([{"worker": 0, "occupancy": counted}])
+    meter.observe_spans([{"worker": 1, "occupancy": {"row_seconds": 8.0, "seconds": 2.0, "slots": 4.0}}])
+    stats = meter.stats()
+    assert stats["rollout/engine_occupancy"] == pytest.approx(12 / 16)
+    assert stats["rollout/engine_starved"] == pytest.approx(2 / 8), "over worker 0's slot-time only"
+    assert meter.stats() == {}
+
+
+def test_a_row_counter_counts_every_free_slot_as_starved():
+    from unirl_lightning.engines.streaming import RowCounter
+
+    rows = RowCounter(slots=4)
+    rows.add(3)
+    time.sleep(0.02)
+    counters = rows.occupancy()
+    assert counters["row_seconds"] + counters["starved_slot_seconds"] == pytest.approx(
+        4 * counters["seconds"]
+    )
+    assert counters["starved_slot_seconds"] >= counters["seconds"] - 1e-9, "at least one slot free all along"
+
+
 def test_a_weight_load_waits_at_most_the_decode_step_in_progress():
     """The step lock is taken ahead of the decode loop: a load that arrives while rows decode lands after
     the step in progress at most (a plain lock let the loop take it again first, step after step, when

@@ -119,6 +119,12 @@ class ContinuousBatcher:
         self.counted_at = time.perf_counter()  # the end of the last step counted in row_seconds
         self.busy_seconds = 0.0  # seconds of the steps that produced a token
         self.steps = 0  # steps that produced a token (decode steps, and stage prefills with no decode)
+        # slots x seconds free with no row queued (waiting or staged): what was admitted ran out, so the
+        # engine waited on its callers (the staleness window, max_inflight, the trainer), not on itself
+        self.starved_slot_seconds = 0.0
+        self._out_of_work = (
+            True  # nothing pending after the last step: the loop waits for rows until the next
+        )
         self.sampler = RowSampler(device, stop_ids, tokenizer)
 
     # -- rows in and out ---------------------------------------------------------------------------
@@ -170,6 +176,8 @@ class ContinuousBatcher:
         compacted (``Cache.batch_select_indices``, a copy of the whole cache) only when a refill is
         due, every row finished, or ``compact_at`` rows did."""
         start = time.perf_counter()
+        if self._out_of_work:  # the loop waited for rows since the last step: every slot was free
+            self.starved_slot_seconds += self.max_rows * (start - self.counted_at)
         produced = in_slots = self.live
         if produced:
             self._decode()
@@ -200,6 +208,9 @@ class ContinuousBatcher:
         end = time.perf_counter()
         seconds = end - start
         self.row_seconds += min(in_slots, self.max_rows) * seconds
+        if not (self.staged or self.waiting):  # free slots and nothing to fill them with
+            self.starved_slot_seconds += (self.max_rows - min(in_slots, self.max_rows)) * seconds
+        self._out_of_work = not self.pending
         if produced:
             self.busy_seconds += seconds
             self.steps += 1

@@ -163,10 +163,11 @@ class ContinuousHFEngine(HFEngine):
         return group
 
     def occupancy(self) -> dict[str, float]:
-        """``{"row_seconds", "seconds", "slots", "busy_seconds", "steps"}``: active rows x seconds summed
-        over decode steps, the engine's age in seconds, its slots (``max_batch_size``), and the seconds
-        and count of the loop's steps that produced a token (their ratio is the mean step time; busy
-        over age is the share of the time the loop was stepping)."""
+        """``{"row_seconds", "seconds", "slots", "busy_seconds", "steps", "starved_slot_seconds"}``:
+        active rows x seconds summed over decode steps, the engine's age in seconds, its slots
+        (``max_batch_size``), the seconds and count of the loop's steps that produced a token (their
+        ratio is the mean step time; busy over age is the share of the time the loop was stepping), and
+        the free slots x seconds while no row was queued (the engine waited on its callers)."""
         return {
             "row_seconds": self.batcher.row_seconds,
             # as of the last counted step: a report read while a step runs stays consistent
@@ -174,6 +175,7 @@ class ContinuousHFEngine(HFEngine):
             "slots": float(self.batcher.max_rows),
             "busy_seconds": self.batcher.busy_seconds,
             "steps": float(self.batcher.steps),
+            "starved_slot_seconds": self.batcher.starved_slot_seconds,
         }
 
     # -- weights: loaded between two decode steps ------------------------------------------------------

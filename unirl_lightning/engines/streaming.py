@@ -109,12 +109,19 @@ class RowCounter:
             self.live += change
 
     def occupancy(self) -> dict[str, float]:
-        """``{"row_seconds", "seconds", "slots"}``: rows in the engine (at most ``slots``) x seconds,
-        the counter's age, and the slots."""
+        """``{"row_seconds", "seconds", "slots", "starved_slot_seconds"}``: rows in the engine (at most
+        ``slots``) x seconds, the counter's age, the slots, and the free slots x seconds (a row queued
+        in the engine counts as in a slot, so every free slot is one with nothing queued)."""
         with self._lock:
             now = time.perf_counter()
             rows = self._row_seconds + min(self.live, self.slots) * (now - self._counted_at)
-        return {"row_seconds": rows, "seconds": now - self._started, "slots": float(self.slots)}
+        seconds = now - self._started
+        return {
+            "row_seconds": rows,
+            "seconds": seconds,
+            "slots": float(self.slots),
+            "starved_slot_seconds": self.slots * seconds - rows,
+        }
 
 
 class NestedPause:

@@ -12,6 +12,13 @@ An engine that runs its own step loop (the continuous HF engine) also reports ``
 or waited on a weight push), and ``rollout/engine_step_ms`` the mean step time: occupancy says how
 full a step was, these two how often steps ran and how long each took (a step slower than the
 engine alone measures is contention for the cores or the device).
+
+``starved_slot_seconds`` (every engine here reports it) is the free slots x seconds while the engine
+had no row queued: ``rollout/engine_starved`` is its share of the slot-time. Starved slots are empty
+because the callers sent no work (the staleness window or ``max_inflight`` held launches back, or the
+prompts ran out); ``1 - occupancy - starved`` is empty while rows were queued (refills, weight
+pushes). At ``max_staleness`` 1 a starved engine beside a busy trainer is the window: a larger
+``max_staleness`` fills it (docs/engines.md).
 """
 
 from __future__ import annotations
@@ -22,6 +29,7 @@ from typing import Any
 __all__ = ["OccupancyMeter"]
 
 _STEP_KEYS = ("busy_seconds", "steps")
+_STARVED = "starved_slot_seconds"
 
 
 class OccupancyMeter:
@@ -38,12 +46,14 @@ class OccupancyMeter:
     """
 
     def __init__(self) -> None:
-        self._last: dict[Any, tuple[float, ...]] = {}
+        self._last: dict[Any, dict[str, float]] = {}
         self._rows = 0.0
         self._capacity = 0.0
         self._wall = 0.0  # seconds of the windows whose reports carried step counters
         self._busy = 0.0
         self._steps = 0.0
+        self._starved = 0.0
+        self._starved_capacity = 0.0  # slot-seconds of the windows whose reports counted starved slots
 
     def observe_spans(self, spans: Iterable[dict[str, Any]]) -> None:
         """Take the counters of every span that carries them (a worker's first report only sets its
@@ -52,27 +62,30 @@ class OccupancyMeter:
             counters = span.get("occupancy")
             if counters is None:
                 continue
-            now = (float(counters["row_seconds"]), float(counters["seconds"]))
-            if all(key in counters for key in _STEP_KEYS):
-                now += tuple(float(counters[key]) for key in _STEP_KEYS)
+            now = {key: float(value) for key, value in counters.items()}
             before = self._last.get(span["worker"])
-            if before is not None and now[0] < before[0]:
+            if before is not None and now["row_seconds"] < before["row_seconds"]:
                 before = None  # the counters went back: a replaced worker, counted from its first report
-            elif before is not None and now[1] <= before[1]:
+            elif before is not None and now["seconds"] <= before["seconds"]:
                 continue  # an older report reaped after a newer one (concurrent calls): already counted
             if before is not None:
-                self._rows += now[0] - before[0]
-                self._capacity += float(counters["slots"]) * (now[1] - before[1])
-                if len(now) == len(before) == 4:
-                    self._wall += now[1] - before[1]
-                    self._busy += now[2] - before[2]
-                    self._steps += now[3] - before[3]
+                seconds = now["seconds"] - before["seconds"]
+                self._rows += now["row_seconds"] - before["row_seconds"]
+                self._capacity += now["slots"] * seconds
+                if all(key in now and key in before for key in _STEP_KEYS):
+                    self._wall += seconds
+                    self._busy += now["busy_seconds"] - before["busy_seconds"]
+                    self._steps += now["steps"] - before["steps"]
+                if _STARVED in now and _STARVED in before:
+                    self._starved += now[_STARVED] - before[_STARVED]
+                    self._starved_capacity += now["slots"] * seconds
             self._last[span["worker"]] = now
 
     def stats(self) -> dict[str, float]:
         """``{"rollout/engine_occupancy": ratio}`` over the window since the last call, with
-        ``rollout/engine_busy`` and ``rollout/engine_step_ms`` where the engines count their steps
-        (``{}`` when no window was measured), then a new window."""
+        ``rollout/engine_busy`` and ``rollout/engine_step_ms`` where the engines count their steps and
+        ``rollout/engine_starved`` where they count starved slots (``{}`` when no window was measured),
+        then a new window."""
         if self._capacity <= 0:
             return {}
         out = {"rollout/engine_occupancy": self._rows / self._capacity}
@@ -80,5 +93,8 @@ class OccupancyMeter:
             out["rollout/engine_busy"] = self._busy / self._wall
         if self._steps > 0:
             out["rollout/engine_step_ms"] = 1e3 * self._busy / self._steps
+        if self._starved_capacity > 0:
+            out["rollout/engine_starved"] = self._starved / self._starved_capacity
         self._rows = self._capacity = self._wall = self._busy = self._steps = 0.0
+        self._starved = self._starved_capacity = 0.0
         return out
