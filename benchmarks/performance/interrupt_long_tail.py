@@ -52,7 +52,8 @@ MODES = {
     "async_groups_continue_split2": dict(max_staleness=1, max_inflight=4, split=2, **STREAM),
 }
 MEDIANS = ("tokens_per_s", "steps_per_s", "quiesce_s", "push_s", "generate_s", "train_s", "wait_s")
-MEDIANS += ("engine_occupancy", "engine_busy", "engine_step_ms", "engine_starved", "eval_accuracy")
+MEDIANS += ("engine_occupancy", "engine_busy", "engine_step_ms", "engine_starved", "window_headroom")
+MEDIANS += ("eval_accuracy",)
 
 
 class Meter(Callback):
@@ -145,6 +146,7 @@ def run_mode(mode: str, config: dict[str, Any]) -> dict[str, Any]:
         "engine_busy": mean("rollout/engine_busy"),  # the continuous engine's loop: share of time stepping
         "engine_step_ms": mean("rollout/engine_step_ms"),  # ... and its mean step
         "engine_starved": mean("rollout/engine_starved"),  # free slots with nothing queued
+        "window_headroom": mean("rollout/window_headroom"),  # groups the window still admits
         "token_staleness": staleness,
         "interrupted_samples_per_step": mean("rollout/interrupted_samples"),
         "interrupted_jobs": interrupted,

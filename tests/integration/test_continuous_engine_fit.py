@@ -141,3 +141,4 @@ def test_the_streaming_recipe_runs_as_shipped_from_yaml(tmp_path, monkeypatch):
     occupancy = dict(scalars["rollout/engine_occupancy"])
     starved = dict(scalars["rollout/engine_starved"])
     assert starved and all(0 <= v <= 1 - occupancy[step] + 1e-6 for step, v in starved.items())
+    assert all(v >= 0 for _, v in scalars["rollout/window_headroom"]), "group launches: the window's headroom"

@@ -71,6 +71,11 @@ class Run:
             assert int((self.ctl.weight_version - batch.weight_versions).max()) <= max_staleness
             gen_ids = sorted(set(batch.gen_ids.tolist()))
             assert len(gen_ids) == BATCH, "a step trains batch_size groups"
+            # what the window still admits: none once max_inflight covers the whole window
+            headroom = batch.stats["rollout/window_headroom"]
+            assert headroom >= 0
+            if self.loop.max_inflight >= (max_staleness + 1) * sync_interval:
+                assert headroom == 0, "max_inflight covers the window: every group it admits is launched"
             trained += gen_ids
             if self.loop.steps % sync_interval == 0:  # WeightSyncCallback's cadence
                 self.ctl.quiesce()

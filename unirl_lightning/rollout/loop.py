@@ -251,6 +251,23 @@ class RolloutLoop:
             self._blocked(self.clock() - start, "oldest")
         return self._make_batch(drained)
 
+    def _window_headroom(self) -> dict[str, float]:
+        """Group launches: ``{"rollout/window_headroom": groups}``, what the staleness window would still
+        admit beyond the groups launched when the step's batch is taken (0: the window is what holds
+        launches back, and a starved engine waits on it; above 0: ``max_inflight`` or the prompts do)."""
+        if self.launch_unit != "group" or self.groups_per_step is None:
+            return {}
+        headroom = admit_groups(
+            trained_steps=self.steps,
+            sync_interval=self.sync_interval,
+            max_staleness=self.max_staleness,
+            groups_per_step=self.groups_per_step,
+            launched=self.controller.next_gen_id - self.gen_id_offset,
+            inflight=0,
+            max_inflight=1 << 62,
+        )
+        return {"rollout/window_headroom": float(headroom)}
+
     def _inflight_cap(self) -> int:
         """Jobs in flight at most: ``max_inflight`` requests, or as many steps' worth of groups."""
         if self.launch_unit == "group":
@@ -348,6 +365,7 @@ class RolloutLoop:
                 **step_stats(rewards, self.evicted_groups, self.blocked_s, self.generate_s),
                 **reward_part_means([r for group in groups for r in group]),
                 "rollout/inflight": float(self.controller.inflight),
+                **self._window_headroom(),
                 **self.occupancy.stats(),
                 **token_version_stats(groups, self.controller.weight_version, self.max_staleness),
                 **(
