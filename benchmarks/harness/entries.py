@@ -155,7 +155,7 @@ ENTRIES: list[Entry] = [
         "minutes",
         "async quiesce vs interrupt vs sync on a long-tail length workload",
         smoke=("--rounds", "1", "--steps", "1", "--warmup", "1", *TINY_GRPO[:4], "--max-new-tokens", "4")
-        + ("--batch", "2", "--group", "2", "--modes", "async_interrupt"),
+        + ("--batch", "2", "--group", "2", "--modes", "async_interrupt", "async_groups_continue_split2"),
     ),
     Entry(
         "interrupt_learning",

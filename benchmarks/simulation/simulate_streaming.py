@@ -97,6 +97,7 @@ def parser() -> Any:
     p.add_argument(
         "--per-call", action="store_true", help="engines refill only an empty batch (per-call model)"
     )
+    p.add_argument("--steps-per-sync", type=int, default=1, help="async: a step's prompts as k steps")
     p.add_argument("--steps", type=int, default=8, help="measured training steps per prediction run")
     p.add_argument("--warmup", type=int, default=5)
     p.add_argument("--verl-median-len", type=float, default=1200, help="assumed (unpublished)")
@@ -140,7 +141,8 @@ def base_cfg(
     return with_law(cfg, costs, law, hw, model)
 
 
-def brief(r: dict[str, Any], sync: dict[str, Any]) -> dict[str, Any]:
+def brief(r: dict[str, Any], sync: dict[str, Any], k: int = 1) -> dict[str, Any]:
+    """An async run against sync; its steps are ``k`` simulated steps (``--steps-per-sync``)."""
     lost = r["groups"]["evicted"] + r["groups"]["dropped"]
     return {
         "over_sync": r["groups_per_s"] / sync["groups_per_s"],
@@ -149,8 +151,8 @@ def brief(r: dict[str, Any], sync: dict[str, Any]) -> dict[str, Any]:
         "lost_group_share": lost / max(1, r["groups"]["submitted"]),
         "wasted_token_share": r["wasted_token_share"],
         "token_staleness": r["token_staleness"],
-        "s_per_step": r["s_per_batch"],
-        "phases_s_per_step": r["phases_s_per_batch"],
+        "s_per_step": k * r["s_per_batch"],
+        "phases_s_per_step": {phase: k * s for phase, s in r["phases_s_per_batch"].items()},
     }
 
 
@@ -174,6 +176,9 @@ def search(args: Any, costs: dict[str, float], name: str, gpus: int, law: str) -
             }
         )
     )
+    k = args.steps_per_sync  # verl's require_batches: the first part trains while the rest finish
+    part = dict(groups_per_step=max(1, cfg.groups_per_step // k), sync_interval=k, steps=cfg.steps * k)
+    part["warmup"] = cfg.warmup * k
     splits = sorted({min(gpus - 1, max(tp, tp * round(s * gpus / tp))) for s in args.gen_shares})
     runs = []
     for gen in splits:
@@ -187,8 +192,8 @@ def search(args: Any, costs: dict[str, float], name: str, gpus: int, law: str) -
                 "evict_staleness": s,
                 "max_inflight": math.ceil(engines * cfg.max_rows / cfg.samples),
             }
-            r = run(SimpleNamespace(**{**vars(cfg), **over}))
-            runs.append({"gen_gpus": gen, "train_gpus": gpus - gen, "max_staleness": s, **brief(r, sync)})
+            r = run(SimpleNamespace(**{**vars(cfg), **over, **part}))
+            runs.append({"gen_gpus": gen, "train_gpus": gpus - gen, "max_staleness": s, **brief(r, sync, k)})
     best = max(runs, key=lambda r: r["over_sync"])
     over = {
         "mode": "async",
@@ -199,9 +204,10 @@ def search(args: Any, costs: dict[str, float], name: str, gpus: int, law: str) -
         "evict_staleness": best["max_staleness"],
         "max_inflight": math.ceil(best["gen_gpus"] // tp * cfg.max_rows / cfg.samples),
     }
-    drained = brief(run(SimpleNamespace(**{**vars(cfg), **over})), sync)
+    drained = brief(run(SimpleNamespace(**{**vars(cfg), **over, **part})), sync, k)
     keys = ("hardware", "tp", "rows_per_gpu", "resume_prefill", "prompt_len", "samples", "prompts_per_gpu")
     keys += ("gen_shares", "staleness", "model_gb", "push_s_per_gb", "steps", "warmup", "seed")
+    keys += ("steps_per_sync",)
     return {
         "args": {k: getattr(args, k) for k in keys},
         "hardware": args.hardware,
