@@ -52,6 +52,7 @@ class Engine:
         self.busy = 0.0  # seconds computing (decode steps, prefills, joins): the loop's busy seconds
         self.joined_at = -1.0  # the world time of the last join (one forward for rows arriving together)
         self.staged = 0  # rows prefilled ahead (``stage``): refills that need no forward of their own
+        self.starved = 0.0  # free slots x seconds with no row queued (the batcher's starved_slot_seconds)
 
     def attended(self) -> int:
         """Context tokens a decode step attends over: each row's own, or (``padded``, the HF engine's
@@ -79,6 +80,7 @@ class Engine:
     def advance(self, n: int) -> None:
         if n > 0:
             dt = self.cost(n)
+            self.starve(dt)
             self.row_seconds += self.rows * dt
             self.busy += dt
             self.t += dt
@@ -132,9 +134,17 @@ class Engine:
     def spend(self, seconds: float, rows: bool = True) -> None:
         """A forward outside the decode steps (a prompt's prefill, a join); ``rows``: counted as busy for
         every active row, as the engine counts its steps."""
+        self.starve(seconds)
         self.t += seconds
         self.busy += seconds
         self.row_seconds += self.rows * seconds if rows else 0.0
+
+    def starve(self, seconds: float) -> None:
+        """Count ``seconds`` of the free slots as starved when no row is queued."""
+        while self.queue and self.queue[0].cancelled:  # as ``fill`` skips them
+            self.queue.popleft()
+        if not self.queue:
+            self.starved += (self.world.max_rows - self.rows) * seconds
 
     def schedule(self) -> None:
         if self.world.padded:  # the widest active row now (rows started or finished since)
@@ -150,6 +160,8 @@ class Engine:
     def catch_up(self, t: float) -> None:
         """Run the whole steps that end by ``t`` (no row finishes before ``t``: the world ran those)."""
         if self.rows == 0:
+            if t > self.t:  # idle: waiting for rows (a push moves ``t`` past ``now`` and is not idle)
+                self.starve(t - self.t)
             self.t = max(self.t, t)
         else:
             self.advance(self.steps_by(t))
@@ -276,6 +288,10 @@ class World:
     def row_seconds(self) -> float:
         return sum(e.row_seconds for e in self.engines)
 
-    def counters(self) -> tuple[float, float, int]:
-        """Summed over the engines: row-seconds, busy seconds and decode steps."""
-        return self.row_seconds(), sum(e.busy for e in self.engines), sum(e.step for e in self.engines)
+    def counters(self) -> tuple[float, float, int, float]:
+        """Summed over the engines, as of ``now``: row-seconds, busy seconds, decode steps and starved
+        slot-seconds."""
+        busy, steps = sum(e.busy for e in self.engines), sum(e.step for e in self.engines)
+        idle = [max(0.0, self.now - e.t) for e in self.engines if not (e.rows or e.queue)]
+        starved = sum(e.starved for e in self.engines) + self.max_rows * sum(idle)  # the idle so far
+        return self.row_seconds(), busy, steps, starved

@@ -12,11 +12,10 @@ Inputs, all measured here, none fitted to the runs being predicted:
   (``perf/train_time_s`` over the step's tokens) and the push seconds.
 
 Predicted against measured: steps per second and engine occupancy, for ``async_groups`` (the sync
-drains in-flight groups) and ``async_groups_continue`` (the push lands between two decode steps, rows
-continue in place: no re-prefill). Two trainer models: the update alone, and the update plus the rest
-of the measured step that is neither update, wait, drain nor push (the loop's own overhead: rewards,
-collation, Ray calls, logging); the second still predicts the wait and the occupancy.
-Standard library only.
+drains in-flight groups) and ``async_groups_continue`` (pushes land between decode steps, rows go on in
+place), under two trainer models: the update alone, and the update plus the rest of the measured step
+(the loop's own work: rewards, collation, Ray calls, logging). :func:`window` checks the staleness
+window against runs that recorded the starved slots. Standard library only.
 """
 
 from __future__ import annotations
@@ -49,6 +48,13 @@ WORKLOADS = {  # results file -> (how it was made, what bounds it)
     ),
 }
 
+# runs that recorded the starved slots (rollout/engine_starved) -> interrupt_long_tail's arguments
+WINDOW = {
+    "interrupt_long_tail_split_slots16": "--slots 16",
+    "interrupt_long_tail_split_slots32_lr0": "--slots 32 --lr 0",
+}
+WINDOW_MODES = {"async_groups_continue": 1, "async_groups_continue_s2": 2}  # mode -> max_staleness
+
 
 def load(name: str, command: str) -> dict[str, Any]:
     path = RESULTS / f"{name}.json"
@@ -70,7 +76,31 @@ def calibrate_here(seed: int = 0, steps: int = 300, warmup: int = 20, joins: boo
         "workloads": {name: workload["summary"]["config"] for name, (workload, _) in workloads.items()},
         "table": rows,
         "engine_alone": {name: engine_alone(engine, w, seed, joins) for name, (w, _) in workloads.items()},
+        "window": window(engine, seed, steps, warmup),
     }
+
+
+def window(engine: dict[str, Any], seed: int, steps: int, warmup: int) -> list[dict[str, Any]]:
+    """The staleness window against runs that recorded the engine's starved slots: occupancy and starved
+    share at ``max_staleness`` 1 and 2, from the engine's own costs (learning at 16 slots, and equal work
+    at 32 slots, where the engine outpaces the trainer)."""
+    rows = []
+    for name, command in WINDOW.items():
+        workload = load(name, f"interrupt_long_tail {command} --out {name}")
+        config = workload["summary"]["config"]
+        for mode, staleness in WINDOW_MODES.items():
+            measured = workload["summary"]["medians"][mode]
+            lengths = [n for r in workload["runs"] if r["mode"] == mode for n in r["completion_lengths"]]
+            overhead = overhead_of(measured)
+            cfg = mode_cfg(engine, config, measured, lengths, False, seed, steps, warmup, True, overhead, 1.0)
+            cfg.max_staleness = cfg.evict_staleness = staleness
+            cfg.max_inflight = (staleness + 1) * config["batch"]
+            sim = run(cfg)
+            row = dict(workload=name, mode=mode, max_staleness=staleness)
+            row["occupancy"] = compared(measured["engine_occupancy"], sim["occupancy"])
+            row["starved"] = compared(measured["engine_starved"], sim["engine_starved"])
+            rows.append({**row, "steps_per_s": compared(measured["steps_per_s"], 1.0 / sim["s_per_batch"])})
+    return rows
 
 
 def slots_of(config: dict[str, Any]) -> int:
@@ -150,10 +180,8 @@ def predict(
     for mode, drains in MODES.items():
         measured = workload["summary"]["medians"][mode]
         lengths = [n for r in workload["runs"] if r["mode"] == mode for n in r["completion_lengths"]]
-        period = 1.0 / measured["steps_per_s"]
-        other = period - measured["train_s"] - measured["wait_s"] - measured["quiesce_s"] - measured["push_s"]
         cfg_for = partial(mode_cfg, engine, config, measured, lengths, drains, seed, steps, warmup, joins)
-        models = [("update only", 0.0, 1.0), ("update + measured overhead", max(0.0, other), 1.0)]
+        models = [("update only", 0.0, 1.0), ("update + measured overhead", overhead_of(measured), 1.0)]
         sims = [run(cfg_for(overhead, scale)) for _, overhead, scale in models]
         if measured.get("engine_step_ms"):  # the run's step cost: scaled by its step over the simulated one
             scale = measured["engine_step_ms"] / sims[1]["engine_step_ms"]
@@ -180,6 +208,13 @@ def predict(
                 }
             )
     return rows
+
+
+def overhead_of(measured: dict[str, Any]) -> float:
+    """The rest of a measured step that is neither update, wait, drain nor push (the loop's own work)."""
+    period = 1.0 / measured["steps_per_s"]
+    rest = period - measured["train_s"] - measured["wait_s"] - measured["quiesce_s"] - measured["push_s"]
+    return max(0.0, rest)
 
 
 def compared(measured: float | None, simulated: float) -> dict[str, Any]:
@@ -250,6 +285,12 @@ def print_here(record: dict[str, Any]) -> dict[str, Any]:
             f"{sp['simulated']:>6.2f} {sp['error']:>+6.0%} {oc['measured']:>9.3f} {oc['simulated']:>6.3f} "
             f"{busy['measured'] or float('nan'):>5.2f} {busy['simulated']:>5.2f} "
             f"{ms['measured'] or float('nan'):>7.2f} {ms['simulated']:>5.2f}"
+        )
+    for row in record.get("window", []):
+        oc, st = row["occupancy"], row["starved"]
+        print(
+            f"window {row['workload']} staleness {row['max_staleness']}: occupancy {oc['measured']:.3f} "
+            f"measured, {oc['simulated']:.3f} simulated; starved {st['measured']:.3f}, {st['simulated']:.3f}"
         )
     for name, alone in record["engine_alone"].items():
         print(

@@ -85,7 +85,7 @@ def run(cfg: Any) -> dict[str, Any]:
     stale: Counter = Counter()
     trained_ids: set[int] = set()
     trained, train_end, wait_from = 0, None, 0.0
-    t0, base = 0.0, (0.0, 0.0, 0)
+    t0, base = 0.0, (0.0, 0.0, 0, 0.0)
 
     def admit() -> None:
         k = admit_groups(
@@ -157,7 +157,7 @@ def run(cfg: Any) -> dict[str, Any]:
                 t0, base = world.now, world.counters()
                 n, phase, stale = Counter(), Counter(), Counter()
     elapsed = world.now - t0
-    rows, busy, steps_run = world.counters()
+    rows, busy, steps_run, starved = world.counters()
     tokens_total = sum(stale.values()) or 1
     steps = cfg.steps
     inflight_now = controller.inflight + controller.suspended
@@ -176,6 +176,7 @@ def run(cfg: Any) -> dict[str, Any]:
         # as the continuous HF engine counts them: the share of the time stepping, and a step's mean
         "engine_busy": (busy - base[1]) / (engines * elapsed),
         "engine_step_ms": 1e3 * (busy - base[1]) / max(1, steps_run - base[2]),
+        "engine_starved": (starved - base[3]) / (cfg.max_rows * engines * elapsed),
         "token_staleness": {str(k): v / tokens_total for k, v in sorted(stale.items())},
         "groups": {
             "submitted": controller.next_gen_id,
