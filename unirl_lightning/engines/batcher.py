@@ -122,9 +122,8 @@ class ContinuousBatcher:
         # slots x seconds free with no row queued (waiting or staged): what was admitted ran out, so the
         # engine waited on its callers (the staleness window, max_inflight, the trainer), not on itself
         self.starved_slot_seconds = 0.0
-        self._out_of_work = (
-            True  # nothing pending after the last step: the loop waits for rows until the next
-        )
+        # nothing pending after the last step: the loop waits for rows until the next one
+        self._out_of_work = True
         self.sampler = RowSampler(device, stop_ids, tokenizer)
 
     # -- rows in and out ---------------------------------------------------------------------------

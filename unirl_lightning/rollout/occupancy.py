@@ -13,12 +13,13 @@ or waited on a weight push), and ``rollout/engine_step_ms`` the mean step time: 
 full a step was, these two how often steps ran and how long each took (a step slower than the
 engine alone measures is contention for the cores or the device).
 
-``starved_slot_seconds`` (every engine here reports it) is the free slots x seconds while the engine
-had no row queued: ``rollout/engine_starved`` is its share of the slot-time. Starved slots are empty
-because the callers sent no work (the staleness window or ``max_inflight`` held launches back, or the
-prompts ran out); ``1 - occupancy - starved`` is empty while rows were queued (refills, weight
-pushes). At ``max_staleness`` 1 a starved engine beside a busy trainer is the window: a larger
-``max_staleness`` fills it (docs/engines.md).
+``starved_slot_seconds`` (the streaming engines report it: the continuous HF, vLLM and SGLang ones) is
+the free slots x seconds while the engine had no row queued: ``rollout/engine_starved`` is its share of
+the slot-time. Starved slots are empty because the callers sent no work (the staleness window or
+``max_inflight`` held launches back, or the prompts ran out); ``1 - occupancy - starved`` is empty
+while rows were queued (refills, weight pushes). A starved engine while the window's headroom is 0
+(``rollout/window_headroom``) and the trainer waits is held back by ``max_staleness``
+(docs/engines.md, "Reading the engine metrics").
 """
 
 from __future__ import annotations
