@@ -50,6 +50,7 @@ MODES = {
     # ... with each step's prompts trained as 2 steps of half the prompts, one push after both (the same
     # groups per weight version; verl's require_batches: the first half trains while the rest finish)
     "async_groups_continue_split2": dict(max_staleness=1, max_inflight=4, split=2, **STREAM),
+    "async_groups_continue_split4": dict(max_staleness=1, max_inflight=8, split=4, **STREAM),
 }
 MEDIANS = ("tokens_per_s", "steps_per_s", "quiesce_s", "push_s", "generate_s", "train_s", "wait_s")
 MEDIANS += ("engine_occupancy", "engine_busy", "engine_step_ms", "engine_starved", "window_headroom")
