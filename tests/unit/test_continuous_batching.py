@@ -264,9 +264,15 @@ def test_occupancy_counts_the_tail_of_a_static_call_as_empty_slots():
     groups = engine.generate(one_prompt(n=16, max_new_tokens=40))
     meter.observe_spans([{"worker": 0, "occupancy": engine.occupancy()}])
     lengths = [len(r.completion_ids) for r in groups[0]]
-    ratio = meter.stats()["rollout/engine_occupancy"]
+    stats = meter.stats()
+    ratio = stats["rollout/engine_occupancy"]
     assert 0 < ratio <= sum(lengths) / (16 * max(lengths)) + 1e-9
     assert meter.stats() == {}, "a new window starts empty"
+    # the call's tail is the engine's own waste, not starved: starved is only the time it ran no call
+    assert 0 <= stats["rollout/engine_starved"] < 0.5
+    time.sleep(0.2)
+    meter.observe_spans([{"worker": 0, "occupancy": engine.occupancy()}])
+    assert meter.stats()["rollout/engine_starved"] == pytest.approx(1.0), "no call ran: every slot starved"
 
 
 def test_the_continuous_engine_reports_its_busy_share_and_mean_step_time():

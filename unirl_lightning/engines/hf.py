@@ -146,15 +146,21 @@ class HFEngine(InPlaceBucketLoading):  # a streamed push is loaded bucket by buc
             self.max_model_len = self.max_positions
         self._started = time.perf_counter()
         self._row_seconds = 0.0  # active rows x seconds of every generate call (occupancy)
+        self._call_seconds = 0.0  # seconds inside generate calls
 
     def occupancy(self) -> dict[str, float]:
-        """``{"row_seconds", "seconds", "slots"}``: active rows x seconds over every ``generate`` call
-        (a finished row waiting for the call's longest is not active), the engine's age, and its slots
-        (``max_batch_size``); :class:`~unirl_lightning.rollout.occupancy.OccupancyMeter` reads them."""
+        """``{"row_seconds", "seconds", "slots", "starved_slot_seconds"}``: active rows x seconds over
+        every ``generate`` call (a finished row waiting for the call's longest is not active), the
+        engine's age, its slots (``max_batch_size``), and every slot x the seconds it ran no call (it
+        waited on its callers; the free slots of a running call are its own tail, not starved);
+        :class:`~unirl_lightning.rollout.occupancy.OccupancyMeter` reads them."""
+        seconds = time.perf_counter() - self._started
+        slots = float(self.config.max_batch_size)
         return {
             "row_seconds": self._row_seconds,
-            "seconds": time.perf_counter() - self._started,
-            "slots": float(self.config.max_batch_size),
+            "seconds": seconds,
+            "slots": slots,
+            "starved_slot_seconds": slots * max(0.0, seconds - self._call_seconds),
         }
 
     # -- weights ---------------------------------------------------------------------------------
@@ -274,6 +280,7 @@ class HFEngine(InPlaceBucketLoading):  # a streamed push is loaded bucket by buc
                 finish = "stop"
             samples.append((completion, logps[row, : len(completion)].tolist(), finish))
         longest = max((len(c) for c, _, _ in samples), default=0)
+        self._call_seconds += seconds
         if longest:  # every decode step costs about the same: a row is active for len/longest of the call
             self._row_seconds += seconds * sum(len(c) for c, _, _ in samples) / longest
         return samples
