@@ -142,3 +142,19 @@ def test_a_kill_with_part_of_a_batch_unlaunched_resumes_it():
     trained: list[int] = []
     second.steps(3, 3, 1, trained)
     assert set(pending) <= {launches[g] for g in trained}
+
+
+def test_a_max_inflight_below_the_window_is_named_with_the_value_that_covers_it():
+    """The same bound as the headroom check above: below ``(max_staleness + 1) x every_n_steps`` the
+    in-flight cap, not the window, holds the engines back; the warning names the keys and the fix."""
+    from unirl_lightning.core.preflight import inflight_window_warning
+
+    assert inflight_window_warning("group", 1, 2, 1) is None  # the defaults cover the window
+    assert inflight_window_warning("request", 1, 1, 4) is None  # request launches: one step a request
+    assert inflight_window_warning("group", 0, 1, 3) is None  # max_staleness 0: synchronous, as chosen
+    warning = inflight_window_warning("group", 2, 3, 2)
+    assert warning == (
+        "max_inflight=3 caps the groups in flight at 3 steps' worth, below the 6 the staleness window "
+        "admits ((max_staleness=2 + 1) x WeightSyncCallback(every_n_steps=2)): the engines may wait on "
+        "max_inflight rather than on the window (rollout/window_headroom above 0); set max_inflight: 6"
+    )

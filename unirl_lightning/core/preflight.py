@@ -85,6 +85,29 @@ def launch_unit_error(launch_unit: str, sync_mode: str) -> str | None:
     return None
 
 
+def inflight_window_warning(
+    launch_unit: str, max_staleness: int, max_inflight: int, sync_interval: int
+) -> str | None:
+    """With group launches ``max_inflight`` caps the groups in flight at that many steps' worth; below
+    the ``(max_staleness + 1) x sync_interval`` steps' worth the staleness window admits, it holds the
+    engines back before the window does (``rollout/window_headroom`` above 0, starved engines).
+
+    >>> inflight_window_warning("group", 1, 2, 1) is None
+    True
+    >>> inflight_window_warning("group", 1, 2, 2)[:39]
+    'max_inflight=2 caps the groups in fligh'
+    """
+    window = (max_staleness + 1) * sync_interval
+    if launch_unit != "group" or max_staleness == 0 or max_inflight >= window:
+        return None
+    return (
+        f"max_inflight={max_inflight} caps the groups in flight at {max_inflight} steps' worth, below the "
+        f"{window} the staleness window admits ((max_staleness={max_staleness} + 1) x "
+        f"WeightSyncCallback(every_n_steps={sync_interval})): the engines may wait on max_inflight rather "
+        f"than on the window (rollout/window_headroom above 0); set max_inflight: {window}"
+    )
+
+
 def sync_mode_placement_error(sync_mode: str, placement: str) -> str | None:
     """``sync_mode`` must be one of :data:`SYNC_MODES`; ``"interrupt"`` resumes requests with new weights
     while the trainer goes on, which needs generators on devices of their own (``placement="separate"``):

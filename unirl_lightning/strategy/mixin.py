@@ -17,6 +17,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from lightning.pytorch.accelerators import CPUAccelerator
+from lightning.pytorch.utilities import rank_zero_warn
 
 from unirl_lightning.core.checks import require_positive
 from unirl_lightning.core.device_rules import collective_device_error, sleep_level_error
@@ -25,6 +26,7 @@ from unirl_lightning.core.preflight import (
     SyncMode,
     WorkerLayout,
     hybrid_engine_error,
+    inflight_window_warning,
     multi_node_ray_error,
     sync_replacement_error,
     weight_sync_placement_error,
@@ -284,6 +286,12 @@ class RolloutStrategyMixin:
                 "no weight-sync cadence: add a WeightSyncCallback to the trainer (RLModule subclasses add "
                 "one by default through configure_callbacks)"
             )
+        rollout = self.rollout
+        warning = inflight_window_warning(
+            rollout.launch_unit, rollout.max_staleness, rollout.max_inflight, self.sync_interval
+        )
+        if warning is not None:
+            rank_zero_warn(warning)
         return self.runtime.make_loop(dataloader, self.sync_interval)
 
     def batch_to_device(self, batch: Any, device: torch.device | None = None, dataloader_idx: int = 0) -> Any:
