@@ -121,6 +121,20 @@ def test_an_instruct_model_prompted_without_its_chat_template_is_a_warning():
     assert result["ok"]  # a warning, not an error
 
 
+def test_group_launches_with_max_inflight_below_the_window_are_a_warning():
+    """The warning fit gives at its start, found from the YAML: the cadence comes from the recipe's
+    WeightSyncCallback."""
+    strategy = {"init_args": {"launch_unit": "group", "max_staleness": 1, "max_inflight": 2}}
+    sync = {"class_path": "unirl_lightning.callbacks.WeightSyncCallback", "init_args": {"every_n_steps": 2}}
+    config = {"trainer": {"strategy": strategy, "callbacks": [sync]}}
+    result = plan_recipe(config, parse_cluster("cpu"), None)
+    (finding,) = result["findings"]
+    assert finding["key"] == "trainer.strategy.init_args.max_inflight" and finding["level"] == "warning"
+    assert finding["message"].endswith("set max_inflight: 4") and result["ok"]
+    sync["init_args"]["every_n_steps"] = 1
+    assert plan_recipe(config, parse_cluster("cpu"), None)["findings"] == []
+
+
 def test_plan_imports_no_ray(tmp_path):
     fake = tmp_path / "ray"
     fake.mkdir()

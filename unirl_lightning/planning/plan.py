@@ -25,6 +25,7 @@ from unirl_lightning.core.preflight import (
     chat_template_warning,
     config_value,
     hybrid_engine_error,
+    inflight_window_warning,
     multi_node_ray_error,
     precision_warning,
     resolve_weight_sync_name,
@@ -80,6 +81,14 @@ def world_size(trainer: Any, gpus_per_node: int = 0) -> int:
     return per_node * nodes
 
 
+def sync_every(trainer: dict[str, Any]) -> int:
+    """The recipe's weight-sync cadence: its ``WeightSyncCallback``'s ``every_n_steps`` (1 without one)."""
+    for callback in trainer.get("callbacks") or []:
+        if isinstance(callback, dict) and str(callback.get("class_path", "")).endswith("WeightSyncCallback"):
+            return int((callback.get("init_args") or {}).get("every_n_steps", 1))
+    return 1
+
+
 def plan_recipe(config: dict[str, Any], cluster: Cluster, shape: ModelShape | None) -> dict[str, Any]:
     """The findings and figures of ``config`` (a parsed fit config as plain data) on ``cluster``."""
     findings: list[Finding] = []
@@ -113,6 +122,14 @@ def plan_recipe(config: dict[str, Any], cluster: Cluster, shape: ModelShape | No
     multi_node = multi_node_ray_error(int(trainer.get("num_nodes") or 1), None)
     if multi_node:  # fit refuses it unless RAY_ADDRESS is set at launch
         findings.append(Finding("warning", "trainer.num_nodes", "at launch: " + multi_node))
+    inflight = inflight_window_warning(
+        str(rollout.get("launch_unit", "request")),
+        int(rollout.get("max_staleness", 1)),
+        int(rollout.get("max_inflight", 2)),
+        sync_every(trainer),
+    )
+    if inflight:
+        findings.append(Finding("warning", "trainer.strategy.init_args.max_inflight", inflight))
     causal = (
         config_value(model, "policy", "class_path") in CAUSAL_LM_SPECS
     )  # the modules that autocast themselves
