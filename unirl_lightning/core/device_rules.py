@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from unirl_lightning.core.preflight import config_value, serving_engine
+from unirl_lightning.core.preflight import config_value, recipe_sync_every, serving_engine
 
 __all__ = [
     "COLLECTIVE_BACKENDS",
@@ -179,12 +179,8 @@ def recipe_device_errors(config: Any, trainer_on_cuda: bool) -> list[tuple[str, 
     sleep_level = (
         1 if isinstance(engine, str) else int(config_value(engine, "init_args", "sleep_level", default=1))
     )
-    every = 1
-    for callback in config_value(config, "trainer", "callbacks", default=None) or []:
-        if str(config_value(callback, "class_path", default="")).endswith("WeightSyncCallback"):
-            every = int(config_value(callback, "init_args", "every_n_steps", default=1) or 1)
     lora = config_value(config, "model", "init_args", "lora", default=None) is not None
-    error = sleep_level_error(sleep_level, lora, every)
+    error = sleep_level_error(sleep_level, lora, recipe_sync_every(config))
     if error:
         errors.append(("trainer.strategy.init_args.engine.init_args.sleep_level", error))
     return errors

@@ -271,3 +271,13 @@ def config_value(node: Any, *keys: str, default: Any = None) -> Any:
         if node is None:
             return default
     return node
+
+
+def recipe_sync_every(config: Any) -> int:
+    """A parsed fit config's weight-sync cadence: its ``WeightSyncCallback``'s ``every_n_steps`` (1
+    without one)."""
+    every = 1
+    for callback in config_value(config, "trainer", "callbacks", default=None) or []:
+        if str(config_value(callback, "class_path", default="")).endswith("WeightSyncCallback"):
+            every = int(config_value(callback, "init_args", "every_n_steps", default=1) or 1)
+    return every

@@ -28,6 +28,7 @@ from unirl_lightning.core.preflight import (
     inflight_window_warning,
     multi_node_ray_error,
     precision_warning,
+    recipe_sync_every,
     resolve_weight_sync_name,
     serving_engine,
     sync_replacement_error,
@@ -81,14 +82,6 @@ def world_size(trainer: Any, gpus_per_node: int = 0) -> int:
     return per_node * nodes
 
 
-def sync_every(trainer: dict[str, Any]) -> int:
-    """The recipe's weight-sync cadence: its ``WeightSyncCallback``'s ``every_n_steps`` (1 without one)."""
-    for callback in trainer.get("callbacks") or []:
-        if isinstance(callback, dict) and str(callback.get("class_path", "")).endswith("WeightSyncCallback"):
-            return int((callback.get("init_args") or {}).get("every_n_steps", 1))
-    return 1
-
-
 def plan_recipe(config: dict[str, Any], cluster: Cluster, shape: ModelShape | None) -> dict[str, Any]:
     """The findings and figures of ``config`` (a parsed fit config as plain data) on ``cluster``."""
     findings: list[Finding] = []
@@ -126,7 +119,7 @@ def plan_recipe(config: dict[str, Any], cluster: Cluster, shape: ModelShape | No
         str(rollout.get("launch_unit", "request")),
         int(rollout.get("max_staleness", 1)),
         int(rollout.get("max_inflight", 2)),
-        sync_every(trainer),
+        recipe_sync_every(config),
     )
     if inflight:
         findings.append(Finding("warning", "trainer.strategy.init_args.max_inflight", inflight))

@@ -209,16 +209,7 @@ class RolloutLoop:
                 self.pending_records = self.stream.next_records()
                 self.groups_per_step = len(self.pending_records)
             ctl = self.controller
-            return ctl.next_gen_id + admit_groups(
-                trained_steps=self.steps,
-                sync_interval=self.sync_interval,
-                max_staleness=self.max_staleness,
-                groups_per_step=self.groups_per_step,
-                launched=ctl.next_gen_id - self.gen_id_offset,
-                inflight=ctl.inflight,
-                max_inflight=self.max_inflight * self.groups_per_step,
-                num_groups=None if self.num_rollouts is None else self.num_rollouts * self.groups_per_step,
-            )
+            return ctl.next_gen_id + self._admissible(ctl.inflight, self.max_inflight * self.groups_per_step)
         ceiling = launch_ceiling(
             self.steps, self.sync_interval, self.max_staleness, self.num_rollouts or 1 << 62
         )
@@ -257,16 +248,23 @@ class RolloutLoop:
         launches back, and a starved engine waits on it; above 0: ``max_inflight`` or the prompts do)."""
         if self.launch_unit != "group" or self.groups_per_step is None:
             return {}
-        headroom = admit_groups(
+        return {"rollout/window_headroom": float(self._admissible(0, 1 << 62, bounded=False))}
+
+    def _admissible(self, inflight: int, max_inflight: int, bounded: bool = True) -> int:
+        """:func:`admit_groups` for this loop's contract and launches so far (``bounded``: within the
+        run's ``num_rollouts`` steps of groups)."""
+        assert self.groups_per_step is not None
+        total = None if self.num_rollouts is None or not bounded else self.num_rollouts * self.groups_per_step
+        return admit_groups(
             trained_steps=self.steps,
             sync_interval=self.sync_interval,
             max_staleness=self.max_staleness,
             groups_per_step=self.groups_per_step,
             launched=self.controller.next_gen_id - self.gen_id_offset,
-            inflight=0,
-            max_inflight=1 << 62,
+            inflight=inflight,
+            max_inflight=max_inflight,
+            num_groups=total,
         )
-        return {"rollout/window_headroom": float(headroom)}
 
     def _inflight_cap(self) -> int:
         """Jobs in flight at most: ``max_inflight`` requests, or as many steps' worth of groups."""

@@ -15,9 +15,10 @@ engine alone measures is contention for the cores or the device).
 
 ``starved_slot_seconds`` (every engine here reports it; the static HF engine counts only the time it
 ran no call, since the free slots of a running call are its own tail) is the free slots x seconds
-while the engine had no row queued: ``rollout/engine_starved`` is its share of the slot-time. Starved slots are empty because the callers sent no work (the staleness window or
-``max_inflight`` held launches back, or the prompts ran out); ``1 - occupancy - starved`` is empty
-while rows were queued (refills, weight pushes). A starved engine while the window's headroom is 0
+while the engine had no row queued: ``rollout/engine_starved`` is its share of the slot-time. Starved
+slots are empty because the callers sent no work (the staleness window or ``max_inflight`` held
+launches back, or the prompts ran out); ``1 - occupancy - starved`` is empty while rows were queued
+(refills, weight pushes). A starved engine while the window's headroom is 0
 (``rollout/window_headroom``) and the trainer waits is held back by ``max_staleness``
 (docs/engines.md, "Reading the engine metrics").
 """
