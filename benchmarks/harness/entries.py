@@ -195,7 +195,7 @@ ENTRIES: list[Entry] = [
         "performance",
         "minutes",
         "held-out accuracy against steps and wall time: sync vs max_staleness 1/2/4 with decoupled PPO",
-        smoke=("--seeds", "0", "--max-steps", "2", "--modes", "stale2"),
+        smoke=("--seeds", "0", "--max-steps", "2", "--modes", "stale2", "--recipe", "streaming"),
     ),
     # -- peers -------------------------------------------------------------------------------------
     Entry(
@@ -260,7 +260,8 @@ ENTRIES: list[Entry] = [
         "simulation",
         "minutes",
         "streaming async RL (continuous batching, syncs without draining): verl check, AReaL, ours",
-        smoke=("--parts", "ours", "--gpus", "8", "--steps", "1", "--warmup", "1", "--verl-steps", "1"),
+        smoke=("--parts", "ours", "areal-eta", "--gpus", "8", "--train-law", "perfect")
+        + ("--steps", "1", "--warmup", "1", "--verl-steps", "1"),
     ),
     # -- gpu ---------------------------------------------------------------------------------------
     Entry(

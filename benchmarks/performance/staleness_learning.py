@@ -1,7 +1,7 @@
 """What does staleness cost learning? Sync against ``max_staleness`` 1, 2 and 4 with decoupled PPO.
 
     python -m benchmarks.performance.staleness_learning [--seeds 0 1 2 3 4] [--modes sync stale1 ...]
-        [--max-new-tokens 2] [--max-steps N] [--out staleness_learning]
+        [--recipe tiny|streaming] [--max-new-tokens 2] [--max-steps N] [--out staleness_learning]
 
 Each run is ``unirl-lightning fit --config examples/grpo_tiny.yaml`` (held-out accuracy on 64 disjoint
 prompts every 20 steps, 120 steps), in its own process, with ``--seed_everything SEED`` and the
@@ -12,7 +12,12 @@ mode's strategy and loss settings:
   ``tis_cap: 2`` (decoupled PPO: the ratio against the trainer's own log-probs before the step, the
   behaviour / proximal gap corrected by truncated importance sampling);
 * ``staleK_rollout`` (K = 1, 2, 4): the same bound with the ratio against the rollout log-probs (no
-  correction; ``stale1_rollout`` is the recipe as shipped).
+  correction; ``stale1_rollout`` is grpo_tiny.yaml as shipped, ``stale2_rollout`` grpo_tiny_streaming.yaml).
+
+``--recipe streaming`` runs ``examples/grpo_tiny_streaming.yaml`` instead (the same task and model; the
+HF engine batches continuously, every prompt's group is a launch of its own, and a sync pushes without
+draining), with the engine's calls and rows scaled to the mode's window: ``concurrent_calls`` =
+``max_inflight`` x 16 groups, ``max_batch_size`` = that x 8 samples (as the recipe sizes them).
 
 ``--max-new-tokens`` lengthens completions (the recipe's 2 tokens end every sample at once; a longer
 budget gives the untrained policy long, uneven samples: the long-tail case). Runs are interleaved by
@@ -33,7 +38,8 @@ from typing import Any
 
 from benchmarks.harness import common, stats
 
-RECIPE = common.REPO / "examples" / "grpo_tiny.yaml"
+RECIPES = {"tiny": "grpo_tiny.yaml", "streaming": "grpo_tiny_streaming.yaml"}
+GROUPS, SAMPLES = 16, 8  # both recipes' batch_size and num_generations
 DECOUPLED = {"model.init_args.old_logprob": "recompute", "model.init_args.tis_cap": "2.0"}
 MODES: dict[str, dict[str, str]] = {
     "sync": {"max_staleness": "0", "max_inflight": "1"},
@@ -46,12 +52,18 @@ MODES: dict[str, dict[str, str]] = {
 }
 
 
-def overrides(mode: str) -> list[str]:
-    """The CLI arguments of ``mode`` (strategy keys bare, others with their full path)."""
+def overrides(mode: str, recipe: str = "tiny") -> list[str]:
+    """The CLI arguments of ``mode`` (strategy keys bare, others with their full path); on the streaming
+    recipe, the engine's calls and rows too, sized to the mode's ``max_inflight``."""
     strategy = "--trainer.strategy.init_args."
-    return [
+    args = [
         f"--{key}={value}" if "." in key else f"{strategy}{key}={value}" for key, value in MODES[mode].items()
     ]
+    if recipe == "streaming":
+        calls = int(MODES[mode]["max_inflight"]) * GROUPS
+        engine = f"{strategy}engine.init_args."
+        args += [f"{engine}concurrent_calls={calls}", f"{engine}max_batch_size={calls * SAMPLES}"]
+    return args
 
 
 def read_events(log_dir: Path) -> dict[str, list[tuple[int, float, float]]]:
@@ -70,12 +82,13 @@ def read_events(log_dir: Path) -> dict[str, list[tuple[int, float, float]]]:
 def one_run(mode: str, seed: int, config: dict[str, Any], root: Path) -> dict[str, Any]:
     name = f"{mode}_{seed}"
     command = [
-        sys.executable, "-m", "unirl_lightning.cli", "fit", "--config", str(RECIPE),
+        sys.executable, "-m", "unirl_lightning.cli", "fit",
+        "--config", str(common.REPO / "examples" / RECIPES[config["recipe"]]),
         "--seed_everything", str(seed),
         f"--model.init_args.max_new_tokens={config['max_new_tokens']}",
         f"--trainer.logger.init_args.save_dir={root}", f"--trainer.logger.init_args.name={name}",
         f"--trainer.default_root_dir={root}", "--trainer.enable_progress_bar=false",
-        *overrides(mode),
+        *overrides(mode, config["recipe"]),
     ]  # fmt: skip
     if config["max_steps"] is not None:
         command.append(f"--trainer.max_steps={config['max_steps']}")
@@ -136,6 +149,7 @@ def main() -> None:
     parser = common.script_parser(__doc__)
     parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2, 3, 4])
     parser.add_argument("--modes", nargs="+", choices=list(MODES), default=list(MODES))
+    parser.add_argument("--recipe", choices=list(RECIPES), default="tiny", help="examples/grpo_tiny*.yaml")
     parser.add_argument("--max-new-tokens", type=int, default=2, help="the recipe's is 2")
     parser.add_argument("--max-steps", type=int, default=None, help="default: the recipe's")
     parser.add_argument(

@@ -1,0 +1,139 @@
+"""AReaL's own comparison, simulated: its rollout window ``max_head_offpolicyness`` (eta) swept on one
+decoupled split, with eta 0 as the synchronous run. Standard library only.
+
+What AReaL published (inclusionAI/AReaL v0.3.0, blog/AReaL_v0_3.md Fig. 7, the bars' labels in
+assets/staleness_throughput.png): DeepSeek-R1-Distill-Qwen-1.5B on 16 nodes of 8 H800s, training
+throughput in k tokens/s by eta. "Synchronous AReaL" is the same decoupled system at eta 0 (its docs:
+``main_async_ppo.py`` with ``max_head_offpolicyness=0``, no recompute and no decoupled loss "replicates
+synchronous PPO"; an SGLang allocation always splits the GPUs), and its 2.77x (41.0 h -> 14.8 h) is eta 4
+over eta 0: 356.6 / 128.7 = 2.771. Its paper gives 3/4 of the GPUs to generation. Its configs cap the
+run's completions at 27,648 tokens; the blog's note on the staleness ablation says 8,192
+(``--areal-max-new-tokens``).
+
+The sweep runs at the costs every other prediction uses (the roofline carried from verl's H20
+calibration). Beside it, a grid varies the two costs a data sheet cannot give: an engine's fixed cost per
+decode step ``a`` (the scheduler, sampling and launches of every step, which a synchronous batch's tail
+pays once per token of its longest sample) and a factor on the trainer's per-token costs (its MFU).
+"""
+
+from __future__ import annotations
+
+import math
+from types import SimpleNamespace
+from typing import Any
+
+from benchmarks.harness import common  # noqa: F401 - this checkout first on sys.path
+from benchmarks.simulation.streaming.calibrate import MODELS
+from benchmarks.simulation.streaming.predict import SETTINGS, base_cfg
+from benchmarks.simulation.streaming.trainer import run
+
+AREAL_ETA = {"0": 128.7, "1": 269.3, "2": 356.6, "4": 356.6, "8": 371.7, "16": 382.4, "inf": 396.8}
+UNBOUNDED = 1 << 20  # eta "inf": no launch ceiling but max_inflight, nothing evicted
+STEP_MS, TRAINER = (6.0, 10.0, 15.0), (1.0, 3.0)  # the grid beside the roofline's step cost
+
+
+def eta_run(cfg: SimpleNamespace, gen: int, eta: str, a: float, trainer: float) -> dict[str, Any]:
+    """One run at ``eta`` on ``gen`` generation GPUs (the rest train), with step cost ``a`` and the
+    trainer's per-token costs times ``trainer``. Eta 0 runs as AReaL's sync PPO: no recompute."""
+    bound = UNBOUNDED if eta == "inf" else int(eta)
+    over = {
+        "mode": "async",
+        "gen_gpus": gen,
+        "train_gpus": 128 - gen,
+        "max_staleness": bound,
+        "evict_staleness": bound,
+        "max_inflight": math.ceil(gen // cfg.tp * cfg.max_rows / cfg.samples),
+        "async_recompute": cfg.async_recompute and bound > 0,
+        "a": a,
+        "update_s_per_token": cfg.update_s_per_token * trainer,
+        "recompute_s_per_token": cfg.recompute_s_per_token * trainer,
+    }
+    return run(SimpleNamespace(**{**vars(cfg), **over}))
+
+
+def k_tokens(cfg: SimpleNamespace, gen: int, eta: str, a: float, trainer: float) -> float:
+    return eta_run(cfg, gen, eta, a, trainer)["trained_tokens_per_s"] / 1e3
+
+
+def grid(cfg: SimpleNamespace, gen: int, steps_ms: tuple[float, ...], trainers: tuple[float, ...]) -> list:
+    """Eta 0, 4 and unbounded at each step cost ``a`` (ms) x trainer factor: AReaL's two ends and its
+    2.77x, in absolute k tokens/s and over eta 0, each with its error against AReaL's."""
+    rows = []
+    for a_ms in steps_ms:
+        for trainer in trainers:
+            got = {eta: k_tokens(cfg, gen, eta, a_ms / 1e3, trainer) for eta in ("0", "4", "inf")}
+            row: dict[str, Any] = {"a_ms": a_ms, "trainer_factor": trainer}
+            for eta, value in got.items():
+                row[f"eta{eta}_k_tokens_per_s"] = value
+                row[f"eta{eta}_error"] = value / AREAL_ETA[eta] - 1
+            for eta in ("4", "inf"):
+                row[f"eta{eta}_over_eta0"] = got[eta] / got["0"]
+                row[f"eta{eta}_over_eta0_error"] = got[eta] / got["0"] / (AREAL_ETA[eta] / AREAL_ETA["0"]) - 1
+            rows.append(row)
+    return rows
+
+
+def sweep(cfg: SimpleNamespace, gen: int, a: float, trainer: float) -> list[dict[str, Any]]:
+    rows = []
+    for eta, published in AREAL_ETA.items():
+        r = eta_run(cfg, gen, eta, a, trainer)
+        lost = r["groups"]["evicted"] + r["groups"]["dropped"]
+        rows.append(
+            {
+                "eta": eta,
+                "published_k_tokens_per_s": published,
+                "simulated_k_tokens_per_s": r["trained_tokens_per_s"] / 1e3,
+                "occupancy": r["occupancy"],
+                "lost_group_share": lost / max(1, r["groups"]["submitted"]),
+                "s_per_step": r["s_per_batch"],
+                "phases_s_per_step": r["phases_s_per_batch"],
+            }
+        )
+    for row in rows:
+        row["published_over_eta0"] = row["published_k_tokens_per_s"] / rows[0]["published_k_tokens_per_s"]
+        row["simulated_over_eta0"] = row["simulated_k_tokens_per_s"] / rows[0]["simulated_k_tokens_per_s"]
+        row["error"] = row["simulated_over_eta0"] / row["published_over_eta0"] - 1
+    return rows
+
+
+def areal_eta(
+    args: Any, costs: dict[str, float], law: str, gen_share: float = 0.75, with_grid: bool = False
+) -> dict[str, Any]:
+    """AReaL's setting on its split: the eta sweep at the roofline's costs; ``with_grid``, the two costs
+    the roofline cannot know varied (:data:`STEP_MS` x :data:`TRAINER`)."""
+    setting = {**SETTINGS["areal"], "max_new_tokens": args.areal_max_new_tokens}
+    cfg = base_cfg(args, costs, setting, 128, law)
+    gen = cfg.tp * round(gen_share * 128 / cfg.tp)
+    result = {
+        "max_new_tokens": cfg.max_new_tokens,
+        "train_law": law,
+        "model": MODELS["1.5b"]["name"],
+        "gen_gpus": gen,
+        "train_gpus": 128 - gen,
+        "a_ms": 1e3 * cfg.a,
+        "rows": sweep(cfg, gen, cfg.a, 1.0),
+    }
+    if with_grid:
+        result["grid"] = grid(cfg, gen, (round(1e3 * cfg.a, 2), *STEP_MS), TRAINER)
+    return result
+
+
+def print_areal_eta(result: dict[str, Any]) -> None:
+    print(
+        f"AReaL's eta sweep, {result['gen_gpus']}:{result['train_gpus']}, training {result['train_law']},"
+        f" the roofline's costs (step cost a {result['a_ms']:.2f} ms)"
+    )
+    print(f"{'eta':>5} {'published':>9} {'x eta0':>7} {'simulated':>9} {'x eta0':>7} {'error':>7} {'occ':>5}")
+    for r in result["rows"]:
+        print(
+            f"{r['eta']:>5} {r['published_k_tokens_per_s']:>9.1f} {r['published_over_eta0']:>7.2f}"
+            f" {r['simulated_k_tokens_per_s']:>9.1f} {r['simulated_over_eta0']:>7.2f} {r['error']:>+7.0%}"
+            f" {r['occupancy']:>5.2f}"
+        )
+    for r in result.get("grid", []):
+        print(
+            f"  a {r['a_ms']:5.2f} ms, trainer x{r['trainer_factor']:.0f}: k tokens/s eta 0 {r['eta0_k_tokens_per_s']:.0f}"
+            f" ({r['eta0_error']:+.0%}), 4 {r['eta4_k_tokens_per_s']:.0f} ({r['eta4_error']:+.0%}),"
+            f" inf {r['etainf_k_tokens_per_s']:.0f} ({r['etainf_error']:+.0%}); eta 4 / eta 0"
+            f" {r['eta4_over_eta0']:.2f}x ({r['eta4_over_eta0_error']:+.0%})"
+        )
