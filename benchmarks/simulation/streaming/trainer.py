@@ -9,6 +9,9 @@ Each pass: admit what ``admit_groups`` allows; when the trainer is free, ``poll`
 (``World.pause``), ``sync_weights``, ``resume(evict)`` (a group whose oldest token would be over the
 bound is dropped, ``pop_dropped``), or with ``quiesce`` drain every group in flight first. Colocated
 sync is the same loop at ``max_staleness=0``: generation, recompute, update and push never overlap.
+With ``staleness_fraction`` (verl's ``staleness_threshold``), launches stop at ``(versions + 1 +
+fraction)`` versions' worth of groups on top of ``admit_groups``: verl's rollouter starts at most
+``(1 + threshold)`` versions' worth of prompts past those its trainer had taken at the last sync.
 """
 
 from __future__ import annotations
@@ -97,6 +100,10 @@ def run(cfg: Any) -> dict[str, Any]:
             inflight=controller.inflight + controller.suspended,
             max_inflight=cfg.max_inflight,
         )
+        fraction = getattr(cfg, "staleness_fraction", None)  # verl's staleness_threshold (a fraction)
+        if fraction is not None and not colocated:
+            launched = controller.next_gen_id - lost["evicted"] - lost["dropped"]
+            k = min(k, int((trained // interval + 1 + fraction) * gps * interval) - launched)
         for _ in range(k):
             group = world.new_group(controller.next_gen_id)
             live[group.gen_id] = group
