@@ -30,6 +30,7 @@ from benchmarks.simulation.streaming.trainer import run
 AREAL_ETA = {"0": 128.7, "1": 269.3, "2": 356.6, "4": 356.6, "8": 371.7, "16": 382.4, "inf": 396.8}
 UNBOUNDED = 1 << 20  # eta "inf": no launch ceiling but max_inflight, nothing evicted
 STEP_MS, TRAINER = (6.0, 10.0, 15.0), (1.0, 3.0)  # the grid beside the roofline's step cost
+GRID_ETAS = ("0", "1", "2", "4", "inf")
 
 
 def eta_run(cfg: SimpleNamespace, gen: int, eta: str, a: float, trainer: float) -> dict[str, Any]:
@@ -56,17 +57,18 @@ def k_tokens(cfg: SimpleNamespace, gen: int, eta: str, a: float, trainer: float)
 
 
 def grid(cfg: SimpleNamespace, gen: int, steps_ms: tuple[float, ...], trainers: tuple[float, ...]) -> list:
-    """Eta 0, 4 and unbounded at each step cost ``a`` (ms) x trainer factor: AReaL's two ends and its
-    2.77x, in absolute k tokens/s and over eta 0, each with its error against AReaL's."""
+    """Eta 0, 1, 2, 4 and unbounded at each step cost ``a`` (ms) x trainer factor (AReaL's two ends, its
+    2.77x and the curve's rise), in absolute k tokens/s and over eta 0, each with its error against
+    AReaL's."""
     rows = []
     for a_ms in steps_ms:
         for trainer in trainers:
-            got = {eta: k_tokens(cfg, gen, eta, a_ms / 1e3, trainer) for eta in ("0", "4", "inf")}
+            got = {eta: k_tokens(cfg, gen, eta, a_ms / 1e3, trainer) for eta in GRID_ETAS}
             row: dict[str, Any] = {"a_ms": a_ms, "trainer_factor": trainer}
             for eta, value in got.items():
                 row[f"eta{eta}_k_tokens_per_s"] = value
                 row[f"eta{eta}_error"] = value / AREAL_ETA[eta] - 1
-            for eta in ("4", "inf"):
+            for eta in GRID_ETAS[1:]:
                 row[f"eta{eta}_over_eta0"] = got[eta] / got["0"]
                 row[f"eta{eta}_over_eta0_error"] = got[eta] / got["0"] / (AREAL_ETA[eta] / AREAL_ETA["0"]) - 1
             rows.append(row)
@@ -131,9 +133,12 @@ def print_areal_eta(result: dict[str, Any]) -> None:
             f" {r['occupancy']:>5.2f}"
         )
     for r in result.get("grid", []):
+        ratios = ", ".join(
+            f"{eta} {r[f'eta{eta}_over_eta0']:.2f}x ({r[f'eta{eta}_over_eta0_error']:+.0%})"
+            for eta in GRID_ETAS[1:]
+        )
         print(
             f"  a {r['a_ms']:5.2f} ms, trainer x{r['trainer_factor']:.0f}: k tokens/s eta 0 {r['eta0_k_tokens_per_s']:.0f}"
             f" ({r['eta0_error']:+.0%}), 4 {r['eta4_k_tokens_per_s']:.0f} ({r['eta4_error']:+.0%}),"
-            f" inf {r['etainf_k_tokens_per_s']:.0f} ({r['etainf_error']:+.0%}); eta 4 / eta 0"
-            f" {r['eta4_over_eta0']:.2f}x ({r['eta4_over_eta0_error']:+.0%})"
+            f" inf {r['etainf_k_tokens_per_s']:.0f} ({r['etainf_error']:+.0%}); over eta 0: {ratios}"
         )
