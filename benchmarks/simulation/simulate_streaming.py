@@ -5,6 +5,7 @@ Standard library only; every number is a flag or printed with its source.
     python -m benchmarks.simulation.simulate_streaming                 # verl check, AReaL's setting, ours
     python -m benchmarks.simulation.simulate_streaming --parts verl    # the verl reproduction alone
     python -m benchmarks.simulation.simulate_streaming --parts here    # against the real engines here
+    python -m benchmarks.simulation.simulate_streaming --parts areal-eta   # AReaL's own eta 4 / eta 0
 
 Model (``benchmarks/simulation/streaming/``):
 
@@ -20,9 +21,12 @@ Model (``benchmarks/simulation/streaming/``):
   oldest token would be over the bound. ``--quiesce`` drains in-flight groups before the push instead.
 * Trainer: ``train_gpus`` GPUs, ``tokens * s_per_token / speedup(gpus)`` per update (and the same
   for the log-prob recompute where the setting recomputes), then a push of ``model_gb *
-  push_s_per_gb``; ``speedup`` is Amdahl's law, a power law or linear (``--train-law``). Sync baseline: colocated, all GPUs generate a step, recompute, train, push.
+  push_s_per_gb``; ``speedup`` is Amdahl's law, a power law or linear (``--train-law``). Sync
+  baseline: colocated, all GPUs generate a step, recompute, train, push (``areal-eta``: AReaL's own,
+  its decoupled split at eta 0; ``streaming/areal.py``).
 * Costs: the H20 roofline of a 7B engine (``streaming/calibrate.py``) times one factor, and trainer
-  costs, all calibrated on verl's SYNC column; verl's async 64:64 is then predicted.
+  costs, all calibrated on verl's SYNC column; verl's async 64:64 is then predicted, its rollouter's
+  launch rules as its source has them (the ceiling at 1.5 versions, 16 prompts per server).
 * ``here`` (``streaming/here.py``): the same simulator with this machine's measured engine step costs
   and trainer costs, against the real long-tail runs (steps/s and occupancy, their errors).
 """
