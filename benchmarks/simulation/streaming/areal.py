@@ -18,7 +18,9 @@ pays once per token of its longest sample) and a factor on the trainer's per-tok
 
 from __future__ import annotations
 
+import functools
 import math
+from collections.abc import Callable
 from types import SimpleNamespace
 from typing import Any
 
@@ -52,19 +54,18 @@ def eta_run(cfg: SimpleNamespace, gen: int, eta: str, a: float, trainer: float) 
     return run(SimpleNamespace(**{**vars(cfg), **over}))
 
 
-def k_tokens(cfg: SimpleNamespace, gen: int, eta: str, a: float, trainer: float) -> float:
-    return eta_run(cfg, gen, eta, a, trainer)["trained_tokens_per_s"] / 1e3
+Runs = Callable[[str, float, float], dict[str, Any]]  # (eta, a, trainer) -> eta_run's result
 
 
-def grid(cfg: SimpleNamespace, gen: int, steps_ms: tuple[float, ...], trainers: tuple[float, ...]) -> list:
-    """Eta 0, 1, 2, 4 and unbounded at each step cost ``a`` (ms) x trainer factor (AReaL's two ends, its
-    2.77x and the curve's rise), in absolute k tokens/s and over eta 0, each with its error against
-    AReaL's."""
+def grid(runs: Runs, steps: tuple[float, ...], trainers: tuple[float, ...]) -> list:
+    """Eta 0, 1, 2, 4 and unbounded at each step cost ``a`` (seconds) x trainer factor (AReaL's two
+    ends, its 2.77x and the curve's rise), in absolute k tokens/s and over eta 0, each with its error
+    against AReaL's."""
     rows = []
-    for a_ms in steps_ms:
+    for a in steps:
         for trainer in trainers:
-            got = {eta: k_tokens(cfg, gen, eta, a_ms / 1e3, trainer) for eta in GRID_ETAS}
-            row: dict[str, Any] = {"a_ms": a_ms, "trainer_factor": trainer}
+            got = {eta: runs(eta, a, trainer)["trained_tokens_per_s"] / 1e3 for eta in GRID_ETAS}
+            row: dict[str, Any] = {"a_ms": 1e3 * a, "trainer_factor": trainer}
             for eta, value in got.items():
                 row[f"eta{eta}_k_tokens_per_s"] = value
                 row[f"eta{eta}_error"] = value / AREAL_ETA[eta] - 1
@@ -75,10 +76,10 @@ def grid(cfg: SimpleNamespace, gen: int, steps_ms: tuple[float, ...], trainers: 
     return rows
 
 
-def sweep(cfg: SimpleNamespace, gen: int, a: float, trainer: float) -> list[dict[str, Any]]:
+def sweep(runs: Runs, a: float, trainer: float) -> list[dict[str, Any]]:
     rows = []
     for eta, published in AREAL_ETA.items():
-        r = eta_run(cfg, gen, eta, a, trainer)
+        r = runs(eta, a, trainer)
         lost = r["groups"]["evicted"] + r["groups"]["dropped"]
         rows.append(
             {
@@ -106,6 +107,8 @@ def areal_eta(
     setting = {**SETTINGS["areal"], "max_new_tokens": args.areal_max_new_tokens}
     cfg = base_cfg(args, costs, setting, 128, law)
     gen = cfg.tp * round(gen_share * 128 / cfg.tp)
+    # one run per (eta, a, trainer): the grid's roofline point is the sweep's own runs
+    runs: Runs = functools.cache(lambda eta, a, trainer: eta_run(cfg, gen, eta, a, trainer))
     result = {
         "max_new_tokens": cfg.max_new_tokens,
         "train_law": law,
@@ -113,10 +116,10 @@ def areal_eta(
         "gen_gpus": gen,
         "train_gpus": 128 - gen,
         "a_ms": 1e3 * cfg.a,
-        "rows": sweep(cfg, gen, cfg.a, 1.0),
+        "rows": sweep(runs, cfg.a, 1.0),
     }
     if with_grid:
-        result["grid"] = grid(cfg, gen, (round(1e3 * cfg.a, 2), *STEP_MS), TRAINER)
+        result["grid"] = grid(runs, (cfg.a, *(ms / 1e3 for ms in STEP_MS)), TRAINER)
     return result
 
 

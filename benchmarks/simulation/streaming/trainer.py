@@ -91,18 +91,18 @@ def run(cfg: Any) -> dict[str, Any]:
     t0, base = 0.0, (0.0, 0.0, 0, 0.0)
 
     def admit() -> None:
+        launched = controller.next_gen_id - lost["evicted"] - lost["dropped"]
         k = admit_groups(
             trained_steps=trained,
             sync_interval=interval,
             max_staleness=staleness,
             groups_per_step=gps,
-            launched=controller.next_gen_id - lost["evicted"] - lost["dropped"],
+            launched=launched,
             inflight=controller.inflight + controller.suspended,
             max_inflight=cfg.max_inflight,
         )
         fraction = getattr(cfg, "staleness_fraction", None)  # verl's staleness_threshold (a fraction)
         if fraction is not None and not colocated:
-            launched = controller.next_gen_id - lost["evicted"] - lost["dropped"]
             k = min(k, int((trained // interval + 1 + fraction) * gps * interval) - launched)
         for _ in range(k):
             group = world.new_group(controller.next_gen_id)
