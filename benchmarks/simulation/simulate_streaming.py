@@ -26,7 +26,9 @@ Model (``benchmarks/simulation/streaming/``):
   its decoupled split at eta 0; ``streaming/areal.py``).
 * Costs: the H20 roofline of a 7B engine (``streaming/calibrate.py``) times one factor, and trainer
   costs, all calibrated on verl's SYNC column; verl's async 64:64 is then predicted, its rollouter's
-  launch rules as its source has them (the ceiling at 1.5 versions, 16 prompts per server).
+  launch rules as its source has them (the ceiling at 1.5 versions, 16 prompts per server), and so is
+  verl's staleness ablation at thresholds 0-0.5, with the unpublished lengths varied
+  (``streaming/verl_ablation.py``).
 * ``here`` (``streaming/here.py``): the same simulator with this machine's measured engine step costs
   and trainer costs, against the real long-tail runs (steps/s and occupancy, their errors).
 """
@@ -42,6 +44,7 @@ from benchmarks.simulation.streaming.areal import areal_eta, print_areal_eta
 from benchmarks.simulation.streaming.calibrate import LAWS, calibrate, reproduce
 from benchmarks.simulation.streaming.here import calibrate_here, print_here
 from benchmarks.simulation.streaming.predict import search
+from benchmarks.simulation.streaming.verl_ablation import report as verl_report
 
 
 def parser() -> Any:
@@ -129,6 +132,7 @@ def main() -> None:
         for name, s in rep["sensitivity"].items():
             mfu = f", implied update MFU {s['implied_update_mfu']:.0%}" if "implied_update_mfu" in s else ""
             print(f"  async step, {name}: {s['step']:.1f} s ({s['error']:+.0%}){mfu}")
+        verl_report(rep)
     if "here" in args.parts:
         record["here"] = print_here(calibrate_here(args.seed))
     if "areal-eta" in args.parts:

@@ -14,6 +14,7 @@ from types import SimpleNamespace
 from typing import Any
 
 from benchmarks.simulation.streaming.trainer import run
+from benchmarks.simulation.streaming.verl_ablation import ablation, length_grid, run_windows
 
 SOURCE = "volcengine/verl docs/advance/fully_async.md, 'Asynchronous Training on 7B Model' (H20)"
 SETTING = {
@@ -224,7 +225,12 @@ def reproduce(args: Any) -> dict[str, Any]:
             with_law(cfg2, costs, over["law"])
         step = async_step(cfg2, **{k: v for k, v in over.items() if k != "law"})
         sensitivity[name] = {"step": step, "error": step / published - 1}
-    for over in ({"seed": 1}, {"seed": 2}, {"verl_median_len": 600}, {"verl_median_len": 2400}):
+    lengths = (
+        {"verl_median_len": 600},
+        {"verl_median_len": 2400},
+        {"verl_median_len": 600, "verl_sigma": 1.2},
+    )
+    for over in ({"seed": 1}, {"seed": 2}, *lengths):
         costs2, cfg2 = calibrate(SimpleNamespace(**{**vars(args), **over}))  # a new calibration
         step = async_step(cfg2)
         name = ", ".join(f"{k} {v}" for k, v in over.items())
@@ -239,6 +245,12 @@ def reproduce(args: Any) -> dict[str, Any]:
         "table": rows,
         "async_run": async_run,
         "sensitivity": sensitivity,
+        "staleness_ablation": ablation(cfg, async_over(cfg), phases),
+        "length_grid": [
+            {**point, "implied_update_mfu": implied_mfu(point["tokens_per_step"])}
+            for point in length_grid(args, calibrate, async_over, phases)
+        ],
+        "run_windows": run_windows(),
     }
 
 

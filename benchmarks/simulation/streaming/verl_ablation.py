@@ -1,0 +1,134 @@
+"""Two more checks against verl's published fully-async runs (``docs/advance/fully_async.md``), beside
+the phase table of :mod:`calibrate`:
+
+* **The staleness ablation** ("128-card Stale Ablation Experiment": 64:64, ``partial_rollout`` on,
+  ``staleness_threshold`` 0 / 0.1 / 0.3 / 0.5). The same calibrated config as the phase table (costs
+  from the sync column only) is run with verl's launch ceiling at each threshold. Nothing is fitted to
+  these rows. The wait for samples as a share of the wait at 0.5 tests the launch rules apart from the
+  engines' absolute speed.
+* **The runs' own spread.** The tables give each run's total time after 100, 200, 300 and 400 steps.
+  Differences give the seconds a step in each 100-step window: the step time grows as the completions
+  lengthen during training, so a published per-step mean depends on the window it averages over. The
+  64:64 run appears twice (the main table over 400 steps, the ``require_batches`` table over 300: the
+  same totals), at 150.63 and 124.64 s a step.
+"""
+
+from __future__ import annotations
+
+import re
+from types import SimpleNamespace
+from typing import Any
+
+from benchmarks.simulation.streaming.trainer import run
+
+ABLATION = {  # staleness_threshold -> seconds per step of 512 prompts (the trainer's phases)
+    0.0: {"step": 231.34, "gen": 128.47, "update_actor": 98.77},
+    0.1: {"step": 171.30, "gen": 58.17, "update_actor": 109.12},
+    0.3: {"step": 146.11, "gen": 38.88, "update_actor": 103.22},
+    0.5: {"step": 150.63, "gen": 33.14, "update_actor": 113.16},
+}
+TOTALS = {  # total time after 100 / 200 / 300 / 400 steps, as published
+    "sync_128": ("8h 36m", "17h 56m", "1d 5h 6m", "1d 16h 48m"),
+    "async_64_64": ("3h 13m", "6h 46m", "10h 53m", "17h 22m"),
+}
+SAME_RUN_300_STEPS = {"step": 124.64, "gen": 25.62, "update_actor": 95.06}  # require_batches 4
+
+
+def seconds(total: str) -> float:
+    """``"1d 5h 6m"`` in seconds."""
+    units = {"d": 86400, "h": 3600, "m": 60}
+    return float(sum(int(n) * units[u] for n, u in re.findall(r"(\d+)([dhm])", total)))
+
+
+def run_windows() -> dict[str, Any]:
+    """Seconds a step in each 100-step window of the published runs, and their mean over 300 and 400."""
+    out = {}
+    for mode, totals in TOTALS.items():
+        ends = [seconds(t) for t in totals]
+        out[mode] = {
+            "s_per_step_by_100": [(b - a) / 100 for a, b in zip([0.0] + ends, ends, strict=False)],
+            "mean_300": ends[2] / 300,
+            "mean_400": ends[3] / 400,
+        }
+    sync, asyn = out["sync_128"], out["async_64_64"]
+    out["speedup_by_100"] = [
+        s / a for s, a in zip(sync["s_per_step_by_100"], asyn["s_per_step_by_100"], strict=True)
+    ]
+    out["same_run_300_steps"] = SAME_RUN_300_STEPS
+    return out
+
+
+def ablation(cfg: SimpleNamespace, over: dict[str, Any], phases: Any) -> list[dict[str, Any]]:
+    """Each threshold's row: published and simulated step, wait and update (``over``: the async run's
+    settings, :func:`calibrate.async_over`; ``phases``: :func:`calibrate.phases`), their errors, and the
+    wait as a share of the wait at 0.5, published and simulated."""
+    sim = {
+        f: phases(run(SimpleNamespace(**{**vars(cfg), **over, "staleness_fraction": f})), 4) for f in ABLATION
+    }
+    rows = []
+    for f, pub in ABLATION.items():
+        row: dict[str, Any] = {"staleness_threshold": f}
+        for key in ("step", "gen", "update_actor"):
+            row[key] = {"published": pub[key], "simulated": sim[f][key], "error": sim[f][key] / pub[key] - 1}
+        published = pub["gen"] / ABLATION[0.5]["gen"]
+        simulated = sim[f]["gen"] / sim[0.5]["gen"] if sim[0.5]["gen"] > 0 else None  # None: no wait at 0.5
+        row["gen_over_gen_at_0.5"] = {
+            "published": published,
+            "simulated": simulated,
+            "error": None if simulated is None else simulated / published - 1,
+        }
+        rows.append(row)
+    return rows
+
+
+GRID = {"sigma": (1.0, 1.2), "median": (600, 900, 1200, 1800)}
+
+
+def length_grid(args: Any, calibrate: Any, over: Any, phases: Any) -> list[dict[str, Any]]:
+    """The unpublished lengths varied (each point a new calibration on the sync column): the wait's
+    shape over the thresholds (largest error of the wait as a share of the wait at 0.5; None where the
+    trainer never waits at 0.5) against the step and the wait at 0.5, and the update MFU the lengths
+    imply. ``calibrate``, ``over``, ``phases``: :mod:`calibrate`'s functions (it imports this module)."""
+    points = []
+    for sigma in GRID["sigma"]:
+        for median in GRID["median"]:
+            costs, cfg = calibrate(
+                SimpleNamespace(**{**vars(args), "verl_median_len": median, "verl_sigma": sigma})
+            )
+            rows = ablation(cfg, over(cfg), phases)
+            shape = [r["gen_over_gen_at_0.5"]["error"] for r in rows]
+            points.append(
+                {
+                    "sigma": sigma,
+                    "median_len": median,
+                    "engine_scale": costs["scale"],
+                    "shape_error_max": None if None in shape else max(abs(e) for e in shape),
+                    "step_error_at_0.5": rows[-1]["step"]["error"],
+                    "gen_error_at_0.5": rows[-1]["gen"]["error"],
+                    "tokens_per_step": costs["tokens_per_step"],
+                }
+            )
+    return points
+
+
+def report(rep: dict[str, Any]) -> None:
+    """Print the staleness ablation, the length grid and the runs' windows of :func:`calibrate.reproduce`."""
+    print("staleness ablation (64:64): published / simulated, error; the wait as a share of the wait at 0.5")
+    for row in rep["staleness_ablation"]:
+        cells = [f"threshold {row['staleness_threshold']:.1f}"]
+        for key in ("step", "gen", "update_actor", "gen_over_gen_at_0.5"):
+            cell, err = row[key], row[key]["error"]
+            sim = "-" if cell["simulated"] is None else f"{cell['simulated']:.2f}"
+            cells.append(f"{key} {cell['published']:.2f} / {sim} ({'-' if err is None else f'{err:+.0%}'})")
+        print("  " + ", ".join(cells))
+    for p in rep["length_grid"]:
+        shape = "-" if p["shape_error_max"] is None else f"{p['shape_error_max']:.0%}"
+        print(
+            f"  lengths sigma {p['sigma']} median {p['median_len']}: shape error {shape}, at 0.5 step"
+            f" {p['step_error_at_0.5']:+.0%} wait {p['gen_error_at_0.5']:+.0%}, update MFU {p['implied_update_mfu']:.0%}"
+        )
+    windows = rep["run_windows"]
+    for mode in TOTALS:
+        by = ", ".join(f"{s:.0f}" for s in windows[mode]["s_per_step_by_100"])
+        print(f"  {mode}: s a step by 100-step window {by}")
+    print("  speedup by window " + ", ".join(f"{s:.2f}x" for s in windows["speedup_by_100"]))
