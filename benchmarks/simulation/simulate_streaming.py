@@ -95,6 +95,12 @@ def parser() -> Any:
     p.add_argument("--verl-median-len", type=float, default=1200, help="assumed (unpublished)")
     p.add_argument("--verl-sigma", type=float, default=1.0, help="assumed (unpublished)")
     p.add_argument("--verl-prompt-len", type=int, default=200, help="assumed (unpublished)")
+    p.add_argument(
+        "--verl-sync-gen-overhead",
+        type=float,
+        default=0.0,
+        help="seconds of verl's colocated gen timer not decoding (wake-up, weight load, sleep): unpublished",
+    )
     p.add_argument("--verl-steps", type=int, default=8)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument(

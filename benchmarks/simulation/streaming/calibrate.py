@@ -168,7 +168,10 @@ def calibrate(args: Any) -> tuple[dict[str, float], SimpleNamespace]:
     sync = PUBLISHED["sync_128"]
     probe = run(verl_cfg(args, update_s_per_token=1e-9))
     tokens_per_step = probe["trained_tokens_per_s"] * probe["s_per_batch"]
-    scale = sync["gen"] / probe["phases_s_per_batch"]["wait"]
+    # verl's colocated "gen" timer also wraps the engines' wake-up (the weights loaded into vLLM) and
+    # sleep (``AgentLoopManager.generate_sequences`` at the docs' commit): seconds of it not decoding
+    decoding = sync["gen"] - getattr(args, "verl_sync_gen_overhead", 0.0)
+    scale = decoding / probe["phases_s_per_batch"]["wait"]
     t64, t128 = PUBLISHED["sync_64"]["update_actor"], sync["update_actor"]
     serial = t128 - (t64 - t128)  # A in A + B/gpus: B/128 = t64 - t128
     costs = {
@@ -230,12 +233,18 @@ def reproduce(args: Any) -> dict[str, Any]:
         {"verl_median_len": 2400},
         {"verl_median_len": 600, "verl_sigma": 1.2},
     )
-    for over in ({"seed": 1}, {"seed": 2}, *lengths):
+    for over in ({"seed": 1}, {"seed": 2}, *lengths, {"verl_sync_gen_overhead": 10.0}):
         costs2, cfg2 = calibrate(SimpleNamespace(**{**vars(args), **over}))  # a new calibration
         step = async_step(cfg2)
         name = ", ".join(f"{k} {v}" for k, v in over.items())
         mfu = implied_mfu(costs2["tokens_per_step"])
         sensitivity[name] = {"step": step, "error": step / published - 1, "implied_update_mfu": mfu}
+        if "verl_sync_gen_overhead" in over:  # and the ablation's waits, thresholds 0 to 0.5
+            rows2 = ablation(cfg2, async_over(cfg2), phases)
+            sensitivity[name]["ablation_wait_errors"] = [row["gen"]["error"] for row in rows2]
+            sensitivity[name]["ablation_shape_errors"] = [
+                row["gen_over_gen_at_0.5"]["error"] for row in rows2
+            ]
     return {
         "source": SOURCE,
         "setting": SETTING,

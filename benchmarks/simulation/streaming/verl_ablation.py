@@ -127,6 +127,11 @@ def report(rep: dict[str, Any]) -> None:
             f"  lengths sigma {p['sigma']} median {p['median_len']}: shape error {shape}, at 0.5 step"
             f" {p['step_error_at_0.5']:+.0%} wait {p['gen_error_at_0.5']:+.0%}, update MFU {p['implied_update_mfu']:.0%}"
         )
+    for name, entry in rep["sensitivity"].items():
+        if "ablation_wait_errors" in entry:
+            waits = ", ".join(f"{e:+.0%}" for e in entry["ablation_wait_errors"])
+            shape = ", ".join("-" if e is None else f"{e:+.0%}" for e in entry["ablation_shape_errors"])
+            print(f"  {name}: the ablation's waits {waits}, their shape {shape}")
     windows = rep["run_windows"]
     for mode in TOTALS:
         by = ", ".join(f"{s:.0f}" for s in windows[mode]["s_per_step_by_100"])
