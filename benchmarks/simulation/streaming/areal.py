@@ -29,23 +29,30 @@ from benchmarks.simulation.streaming.calibrate import MODELS
 from benchmarks.simulation.streaming.predict import SETTINGS, base_cfg
 from benchmarks.simulation.streaming.trainer import run
 
+# AReaL's own cap on prompts in flight: ``max_concurrent_rollouts`` (its benchmark config sets 512, and
+# its default is the training batch, 512 prompts); the sweep's default is the engines' slots instead
+AREAL_MAX_INFLIGHT = 512
 AREAL_ETA = {"0": 128.7, "1": 269.3, "2": 356.6, "4": 356.6, "8": 371.7, "16": 382.4, "inf": 396.8}
 UNBOUNDED = 1 << 20  # eta "inf": no launch ceiling but max_inflight, nothing evicted
 STEP_MS, TRAINER = (6.0, 10.0, 15.0), (1.0, 3.0)  # the grid beside the roofline's step cost
 GRID_ETAS = ("0", "1", "2", "4", "inf")
 
 
-def eta_run(cfg: SimpleNamespace, gen: int, eta: str, a: float, trainer: float) -> dict[str, Any]:
+def eta_run(
+    cfg: SimpleNamespace, gen: int, eta: str, a: float, trainer: float, max_inflight: int | None = None
+) -> dict[str, Any]:
     """One run at ``eta`` on ``gen`` generation GPUs (the rest train), with step cost ``a`` and the
-    trainer's per-token costs times ``trainer``. Eta 0 runs as AReaL's sync PPO: no recompute."""
+    trainer's per-token costs times ``trainer``, at most ``max_inflight`` groups in flight (None: the
+    engines' slots over the samples). Eta 0 runs as AReaL's sync PPO: no recompute."""
     bound = UNBOUNDED if eta == "inf" else int(eta)
+    slots = math.ceil(gen // cfg.tp * cfg.max_rows / cfg.samples)
     over = {
         "mode": "async",
         "gen_gpus": gen,
         "train_gpus": 128 - gen,
         "max_staleness": bound,
         "evict_staleness": bound,
-        "max_inflight": math.ceil(gen // cfg.tp * cfg.max_rows / cfg.samples),
+        "max_inflight": slots if max_inflight is None else max_inflight,
         "async_recompute": cfg.async_recompute and bound > 0,
         "a": a,
         "update_s_per_token": cfg.update_s_per_token * trainer,
@@ -120,7 +127,26 @@ def areal_eta(
     }
     if with_grid:
         result["grid"] = grid(runs, (cfg.a, *(ms / 1e3 for ms in STEP_MS)), TRAINER)
+        result["areal_cap"] = areal_cap(cfg, gen)
     return result
+
+
+def areal_cap(cfg: SimpleNamespace, gen: int) -> list[dict[str, Any]]:
+    """Eta 0, 1, 2, 4 and unbounded with AReaL's own cap of :data:`AREAL_MAX_INFLIGHT` groups in flight,
+    at the roofline's step cost and at 15 ms: k tokens/s and over eta 0, against AReaL's."""
+    rows = []
+    for a in (cfg.a, 15e-3):
+        got = {
+            eta: eta_run(cfg, gen, eta, a, 1.0, AREAL_MAX_INFLIGHT)["trained_tokens_per_s"] / 1e3
+            for eta in GRID_ETAS
+        }
+        row: dict[str, Any] = {"a_ms": 1e3 * a, "max_inflight": AREAL_MAX_INFLIGHT}
+        for eta, value in got.items():
+            row[f"eta{eta}_k_tokens_per_s"] = value
+            row[f"eta{eta}_error"] = value / AREAL_ETA[eta] - 1
+            row[f"eta{eta}_over_eta0"] = value / got["0"]
+        rows.append(row)
+    return rows
 
 
 def print_areal_eta(result: dict[str, Any]) -> None:
@@ -135,6 +161,12 @@ def print_areal_eta(result: dict[str, Any]) -> None:
             f" {r['simulated_k_tokens_per_s']:>9.1f} {r['simulated_over_eta0']:>7.2f} {r['error']:>+7.0%}"
             f" {r['occupancy']:>5.2f}"
         )
+    for r in result.get("areal_cap", []):
+        cells = ", ".join(
+            f"{eta} {r[f'eta{eta}_k_tokens_per_s']:.0f} ({r[f'eta{eta}_error']:+.0%}, {r[f'eta{eta}_over_eta0']:.2f}x)"
+            for eta in GRID_ETAS
+        )
+        print(f"  AReaL's cap of {r['max_inflight']} in flight, a {r['a_ms']:5.2f} ms: k tokens/s {cells}")
     for r in result.get("grid", []):
         ratios = ", ".join(
             f"{eta} {r[f'eta{eta}_over_eta0']:.2f}x ({r[f'eta{eta}_over_eta0_error']:+.0%})"
