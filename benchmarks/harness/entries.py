@@ -191,6 +191,13 @@ ENTRIES: list[Entry] = [
         smoke=("--slots", "4", "--rows", "16", "--rounds", "1"),
     ),
     Entry(
+        "transformers_cb",
+        "performance",
+        "seconds",
+        "the HF engine's batcher against transformers' continuous batching: tokens/s, log-probs, seeding, a load in flight",
+        smoke=("--slots", "16", "--rows", "32", "--rounds", "1"),
+    ),
+    Entry(
         "staleness_learning",
         "performance",
         "minutes",
