@@ -32,6 +32,17 @@ from unirl_lightning.rollout.records import SamplingParams
 REFILLS = {"unstaged": (False, False), "staged": (True, False), "shared": (True, True)}  # (stage, share)
 
 
+def long_tail_engine() -> tuple[Any, list[list[int]]]:
+    """The long-tail workload's model (seeded) as the HF engine builds it on one torch thread, and four
+    digit_successor prompts of two widths."""
+    torch.manual_seed(0)
+    policy = TinyCausalLM(
+        hidden_size=64, num_layers=2, num_heads=4, intermediate_size=128, max_position_embeddings=128
+    )
+    engine = HFEngineConfig(device="cpu", num_threads=1).build(policy)
+    return engine, [policy.prompt_ids(engine.tokenizer, {"prompt": p}) for p in ("6=", "41=", "7=", "108=")]
+
+
 def measure(
     engine: Any, prompts: list[list[int]], slots: int, rows: int, group: int, refill: str
 ) -> dict[str, Any]:
@@ -85,12 +96,7 @@ def main() -> None:
         "--out", default="batcher_refill", help="results file (a bare name: in the results folder)"
     )
     config = common.parse_config(parser)
-    torch.manual_seed(0)
-    policy = TinyCausalLM(
-        hidden_size=64, num_layers=2, num_heads=4, intermediate_size=128, max_position_embeddings=128
-    )
-    engine = HFEngineConfig(device="cpu", num_threads=1).build(policy)
-    prompts = [policy.prompt_ids(engine.tokenizer, {"prompt": p}) for p in ("6=", "41=", "7=", "108=")]
+    engine, prompts = long_tail_engine()
     measure(engine, prompts, 4, 16, 4, "shared")  # warm-up
     runs = []
     names = list(REFILLS)

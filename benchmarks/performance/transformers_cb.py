@@ -38,9 +38,8 @@ from typing import Any
 import torch
 
 from benchmarks.harness import common
-from unirl_lightning import TinyCausalLM
+from benchmarks.performance.batcher_refill import long_tail_engine
 from unirl_lightning.engines.batcher import BatchRow, ContinuousBatcher
-from unirl_lightning.engines.hf import HFEngineConfig
 from unirl_lightning.rollout.records import SamplingParams
 
 MAX_NEW = 48
@@ -195,12 +194,7 @@ def main() -> None:
         "--out", default="transformers_cb", help="results file (a bare name: in the results folder)"
     )
     config = common.parse_config(parser)
-    torch.manual_seed(0)
-    policy = TinyCausalLM(
-        hidden_size=64, num_layers=2, num_heads=4, intermediate_size=128, max_position_embeddings=128
-    )
-    engine = HFEngineConfig(device="cpu", num_threads=1).build(policy)
-    prompts = [policy.prompt_ids(engine.tokenizer, {"prompt": p}) for p in ("6=", "41=", "7=", "108=")]
+    engine, prompts = long_tail_engine()
     work = workload(prompts, config["rows"])
     tokens = sum(n for _, n in work)
     runs = []
