@@ -14,7 +14,7 @@ from types import SimpleNamespace
 from typing import Any
 
 from benchmarks.simulation.streaming.trainer import run
-from benchmarks.simulation.streaming.verl_ablation import ablation, length_grid, run_windows
+from benchmarks.simulation.streaming.verl_ablation import ablation, length_grid, run_windows, sync_rows
 
 SOURCE = "volcengine/verl docs/advance/fully_async.md, 'Asynchronous Training on 7B Model' (H20)"
 SETTING = {
@@ -259,6 +259,7 @@ def reproduce(args: Any) -> dict[str, Any]:
             {**point, "implied_update_mfu": implied_mfu(point["tokens_per_step"])}
             for point in length_grid(args, calibrate, async_over, phases)
         ],
+        "sync_rows": sync_rows(cfg, phases),
         "run_windows": run_windows(),
     }
 

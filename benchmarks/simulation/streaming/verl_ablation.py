@@ -32,6 +32,11 @@ TOTALS = {  # total time after 100 / 200 / 300 / 400 steps, as published
     "async_64_64": ("3h 13m", "6h 46m", "10h 53m", "17h 22m"),
 }
 SAME_RUN_300_STEPS = {"step": 124.64, "gen": 25.62, "update_actor": 95.06}  # require_batches 4
+SYNC_ROWS = {  # colocated sync at each GPU count: one run each (the main table)
+    128: {"step": 356.30, "gen": 177.85, "old_log_prob": 53.92, "update_actor": 113.81},
+    64: {"step": 365.28, "gen": 150.72, "old_log_prob": 70.26, "update_actor": 133.41},
+    32: {"step": 790.10, "gen": 357.41, "old_log_prob": 107.71, "update_actor": 269.80},
+}
 
 
 def seconds(total: str) -> float:
@@ -56,6 +61,21 @@ def run_windows() -> dict[str, Any]:
     ]
     out["same_run_300_steps"] = SAME_RUN_300_STEPS
     return out
+
+
+def sync_rows(cfg: SimpleNamespace, phases: Any) -> list[dict[str, Any]]:
+    """The calibrated config (engine costs fitted at 128 GPUs) run colocated at 64 and 32 GPUs against
+    verl's own sync rows: how far one steady engine cost is from verl's runs at other GPU counts."""
+    rows = []
+    for gpus, pub in SYNC_ROWS.items():
+        sim = phases(run(SimpleNamespace(**{**vars(cfg), "gen_gpus": gpus, "train_gpus": gpus})), 1)
+        rows.append(
+            {
+                "gpus": gpus,
+                **{k: {"published": v, "simulated": sim[k], "error": sim[k] / v - 1} for k, v in pub.items()},
+            }
+        )
+    return rows
 
 
 def ablation(cfg: SimpleNamespace, over: dict[str, Any], phases: Any) -> list[dict[str, Any]]:
@@ -132,6 +152,12 @@ def report(rep: dict[str, Any]) -> None:
             waits = ", ".join(f"{e:+.0%}" for e in entry["ablation_wait_errors"])
             shape = ", ".join("-" if e is None else f"{e:+.0%}" for e in entry["ablation_shape_errors"])
             print(f"  {name}: the ablation's waits {waits}, their shape {shape}")
+    for row in rep["sync_rows"]:
+        cells = ", ".join(
+            f"{k} {row[k]['published']:.1f} / {row[k]['simulated']:.1f} ({row[k]['error']:+.0%})"
+            for k in SYNC_ROWS[128]
+        )
+        print(f"  colocated sync on {row['gpus']} GPUs: {cells}")
     windows = rep["run_windows"]
     for mode in TOTALS:
         by = ", ".join(f"{s:.0f}" for s in windows[mode]["s_per_step_by_100"])
