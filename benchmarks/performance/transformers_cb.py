@@ -97,10 +97,11 @@ def manager(engine: Any, slots: int, temperature: float = 1.0, top_p: float = 1.
     return mgr
 
 
-def theirs(mgr: Any, work: list[tuple[list[int], int]], during: Any = None):
-    """Every row through a started manager: (seconds, rows); ``during()`` runs once the rows are queued."""
+def theirs(mgr: Any, work: list[tuple[list[int], int]], during: Any = None, stamps: list | None = None):
+    """Every row through a started manager: (seconds, rows); ``during()`` runs once the rows are queued;
+    ``stamps`` (a list) receives every token's timestamp (``perf_counter``)."""
     start = time.perf_counter()
-    ids = [mgr.add_request(list(p), max_new_tokens=n) for p, n in work]
+    ids = [mgr.add_request(list(p), max_new_tokens=n, record_timestamps=stamps is not None) for p, n in work]
     if during is not None:
         during()
     out: dict[str, Any] = {}
@@ -110,6 +111,8 @@ def theirs(mgr: Any, work: list[tuple[list[int], int]], during: Any = None):
             raise RuntimeError(f"transformers' manager returned {len(out)} of {len(ids)} rows")
         out[result.request_id] = result
     seconds = time.perf_counter() - start
+    if stamps is not None:
+        stamps.extend(t for i in ids for t in out[i].timestamps or [])
     return seconds, [(list(out[i].generated_tokens), list(out[i].logprobs or [])) for i in ids]
 
 
@@ -157,23 +160,28 @@ def contracts(engine: Any, prompts: list[list[int]]) -> dict[str, Any]:
 
 
 def inflight_load(engine: Any, prompts: list[list[int]]) -> dict[str, Any]:
-    """Perturbed weights loaded under ``manager.pause()`` while 64 rows of 48 tokens run."""
+    """Perturbed weights loaded under ``manager.pause()`` while 64 rows of 48 tokens run; the tokens
+    stamped before, inside and after the pause (none inside: a token's time tells its weights)."""
     work = [(prompts[i % len(prompts)], MAX_NEW) for i in range(64)]
     before = {k: v.clone() for k, v in engine.model.state_dict().items()}
     perturbed = {k: v + 0.01 * torch.randn_like(v) if v.is_floating_point() else v for k, v in before.items()}
     mgr = manager(engine, 16)
     waited: list[float] = []
+    window: list[float] = []  # the pause's start and end
+    stamps: list[float] = []
 
     def load() -> None:
         time.sleep(0.05)
         start = time.perf_counter()
         with mgr.pause():
-            waited.append(time.perf_counter() - start)
+            window.append(time.perf_counter())
+            waited.append(window[0] - start)
             engine.model.load_state_dict(perturbed)
+            window.append(time.perf_counter())
 
     loader = threading.Thread(target=load)
     try:
-        _, rows = theirs(mgr, work, during=loader.start)
+        _, rows = theirs(mgr, work, during=loader.start, stamps=stamps)
         loader.join()
     finally:
         mgr.stop(block=True)
@@ -182,6 +190,11 @@ def inflight_load(engine: Any, prompts: list[list[int]]) -> dict[str, Any]:
         "pause_entered_s": waited[0] if waited else None,
         "rows_finished": sum(len(tokens) == MAX_NEW for tokens, _ in rows),
         "rows": len(rows),
+        "tokens_before_inside_after_pause": [
+            sum(t < window[0] for t in stamps),
+            sum(window[0] <= t <= window[1] for t in stamps),
+            sum(t > window[1] for t in stamps),
+        ],
     }
 
 
