@@ -340,3 +340,11 @@ def test_one_engine_cost_misses_verls_own_sync_rows_by_more_than_the_target():
     assert abs(by[128]["gen"]["error"]) < 0.01 and abs(by[128]["step"]["error"]) < 0.01
     assert by[64]["gen"]["error"] > 0.3
     assert by[64]["gen"]["published"] < by[128]["gen"]["published"] < by[64]["gen"]["simulated"]
+
+
+def test_a_sync_gen_overhead_outside_the_published_gen_is_refused_naming_the_flag():
+    from benchmarks.simulation.streaming.calibrate import calibrate
+
+    args = parser().parse_args(["--verl-sync-gen-overhead", "-1"])
+    with pytest.raises(ValueError, match=r"--verl-sync-gen-overhead -1.0 must be in \[0, 177.85\) seconds"):
+        calibrate(args)

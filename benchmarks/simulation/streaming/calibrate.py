@@ -166,11 +166,14 @@ def phases(result: dict[str, Any], per: int) -> dict[str, float]:
 def calibrate(args: Any) -> tuple[dict[str, float], SimpleNamespace]:
     """Calibrated costs (engine costs at tp=1 and tp=4 follow from ``scale``) and the calibrated verl config."""
     sync = PUBLISHED["sync_128"]
+    overhead = getattr(args, "verl_sync_gen_overhead", 0.0)
+    if not 0 <= overhead < sync["gen"]:
+        raise ValueError(f"--verl-sync-gen-overhead {overhead} must be in [0, {sync['gen']}) seconds")
     probe = run(verl_cfg(args, update_s_per_token=1e-9))
     tokens_per_step = probe["trained_tokens_per_s"] * probe["s_per_batch"]
     # verl's colocated "gen" timer also wraps the engines' wake-up (the weights loaded into vLLM) and
     # sleep (``AgentLoopManager.generate_sequences`` at the docs' commit): seconds of it not decoding
-    decoding = sync["gen"] - getattr(args, "verl_sync_gen_overhead", 0.0)
+    decoding = sync["gen"] - overhead
     scale = decoding / probe["phases_s_per_batch"]["wait"]
     t64, t128 = PUBLISHED["sync_64"]["update_actor"], sync["update_actor"]
     serial = t128 - (t64 - t128)  # A in A + B/gpus: B/128 = t64 - t128
