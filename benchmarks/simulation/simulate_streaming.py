@@ -44,6 +44,7 @@ from benchmarks.simulation.streaming.areal import areal_eta, print_areal_eta
 from benchmarks.simulation.streaming.calibrate import LAWS, calibrate, reproduce
 from benchmarks.simulation.streaming.here import calibrate_here, print_here
 from benchmarks.simulation.streaming.predict import search
+from benchmarks.simulation.streaming.verl_ablation import checks as verl_checks
 from benchmarks.simulation.streaming.verl_ablation import report as verl_report
 
 
@@ -124,10 +125,10 @@ def main() -> None:
     args = SimpleNamespace(**config)
     record = previous(args.out)  # a part run alone keeps the other parts' figures
     record["assumptions"] = {k: v for k, v in config.items() if k != "out"}
-    costs, _ = calibrate(args)
+    costs, cfg = calibrate(args)
     record["calibrated"] = costs
     if "verl" in args.parts:
-        record["verl"] = rep = reproduce(args)
+        record["verl"] = rep = {**reproduce(args), **verl_checks(args, cfg)}
         rep["args"] = {k: v for k, v in config.items() if k.startswith("verl_") or k == "seed"}
         print(f"{'mode':<12} {'phase':<13} {'published':>9} {'simulated':>9} {'error':>7}")
         for row in rep["table"]:

@@ -280,11 +280,11 @@ def test_verls_staleness_ablation_has_the_published_shape_at_one_common_level():
     column alone: the trainer's wait as a share of its wait at 0.5 is verl's within 15% at every
     threshold (-1%, +2%, +11% when written), and every absolute wait is high by one common factor (+27%
     to +42%): the launch ceiling is modelled right, the engines' output under it is low."""
-    from benchmarks.simulation.streaming.calibrate import async_over, calibrate, phases
+    from benchmarks.simulation.streaming.calibrate import calibrate
     from benchmarks.simulation.streaming.verl_ablation import ABLATION, ablation
 
     _, cfg = calibrate(parser().parse_args([]))
-    rows = ablation(cfg, async_over(cfg), phases)
+    rows = ablation(cfg)
     assert [row["staleness_threshold"] for row in rows] == list(ABLATION)
     waits = [row["gen"]["simulated"] for row in rows]
     assert waits == sorted(waits, reverse=True)  # a higher ceiling, a shorter wait
@@ -332,11 +332,11 @@ def test_one_engine_cost_misses_verls_own_sync_rows_by_more_than_the_target():
     """Calibrated on verl's 128-GPU sync row, the simulator's colocated sync at 64 GPUs generates in
     219.5 s against verl's 150.7 s (+46% when written): verl's 64-GPU run generated faster than its
     128-GPU run, so its sync rows differ by more than a 15% target between runs."""
-    from benchmarks.simulation.streaming.calibrate import calibrate, phases
+    from benchmarks.simulation.streaming.calibrate import calibrate
     from benchmarks.simulation.streaming.verl_ablation import sync_rows
 
     _, cfg = calibrate(parser().parse_args([]))
-    by = {row["gpus"]: row for row in sync_rows(cfg, phases)}
+    by = {row["gpus"]: row for row in sync_rows(cfg)}
     assert abs(by[128]["gen"]["error"]) < 0.01 and abs(by[128]["step"]["error"]) < 0.01
     assert by[64]["gen"]["error"] > 0.3
     assert by[64]["gen"]["published"] < by[128]["gen"]["published"] < by[64]["gen"]["simulated"]

@@ -132,21 +132,13 @@ def areal_eta(
 
 
 def areal_cap(cfg: SimpleNamespace, gen: int) -> list[dict[str, Any]]:
-    """Eta 0, 1, 2, 4 and unbounded with AReaL's own cap of :data:`AREAL_MAX_INFLIGHT` groups in flight,
-    at the roofline's step cost and at 15 ms: k tokens/s and over eta 0, against AReaL's."""
-    rows = []
-    for a in (cfg.a, 15e-3):
-        got = {
-            eta: eta_run(cfg, gen, eta, a, 1.0, AREAL_MAX_INFLIGHT)["trained_tokens_per_s"] / 1e3
-            for eta in GRID_ETAS
-        }
-        row: dict[str, Any] = {"a_ms": 1e3 * a, "max_inflight": AREAL_MAX_INFLIGHT}
-        for eta, value in got.items():
-            row[f"eta{eta}_k_tokens_per_s"] = value
-            row[f"eta{eta}_error"] = value / AREAL_ETA[eta] - 1
-            row[f"eta{eta}_over_eta0"] = value / got["0"]
-        rows.append(row)
-    return rows
+    """:func:`grid`'s rows with AReaL's own cap of :data:`AREAL_MAX_INFLIGHT` groups in flight, at the
+    roofline's step cost and at 15 ms."""
+
+    def capped(eta: str, a: float, trainer: float) -> dict[str, Any]:
+        return eta_run(cfg, gen, eta, a, trainer, AREAL_MAX_INFLIGHT)
+
+    return [{**row, "max_inflight": AREAL_MAX_INFLIGHT} for row in grid(capped, (cfg.a, 15e-3), (1.0,))]
 
 
 def print_areal_eta(result: dict[str, Any]) -> None:
@@ -163,7 +155,7 @@ def print_areal_eta(result: dict[str, Any]) -> None:
         )
     for r in result.get("areal_cap", []):
         cells = ", ".join(
-            f"{eta} {r[f'eta{eta}_k_tokens_per_s']:.0f} ({r[f'eta{eta}_error']:+.0%}, {r[f'eta{eta}_over_eta0']:.2f}x)"
+            f"{eta} {r[f'eta{eta}_k_tokens_per_s']:.0f} ({r[f'eta{eta}_error']:+.0%}, {r.get(f'eta{eta}_over_eta0', 1.0):.2f}x)"
             for eta in GRID_ETAS
         )
         print(f"  AReaL's cap of {r['max_inflight']} in flight, a {r['a_ms']:5.2f} ms: k tokens/s {cells}")

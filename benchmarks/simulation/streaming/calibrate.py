@@ -14,7 +14,6 @@ from types import SimpleNamespace
 from typing import Any
 
 from benchmarks.simulation.streaming.trainer import run
-from benchmarks.simulation.streaming.verl_ablation import ablation, length_grid, run_windows, sync_rows
 
 SOURCE = "volcengine/verl docs/advance/fully_async.md, 'Asynchronous Training on 7B Model' (H20)"
 SETTING = {
@@ -242,12 +241,6 @@ def reproduce(args: Any) -> dict[str, Any]:
         name = ", ".join(f"{k} {v}" for k, v in over.items())
         mfu = implied_mfu(costs2["tokens_per_step"])
         sensitivity[name] = {"step": step, "error": step / published - 1, "implied_update_mfu": mfu}
-        if "verl_sync_gen_overhead" in over:  # and the ablation's waits, thresholds 0 to 0.5
-            rows2 = ablation(cfg2, async_over(cfg2), phases)
-            sensitivity[name]["ablation_wait_errors"] = [row["gen"]["error"] for row in rows2]
-            sensitivity[name]["ablation_shape_errors"] = [
-                row["gen_over_gen_at_0.5"]["error"] for row in rows2
-            ]
     return {
         "source": SOURCE,
         "setting": SETTING,
@@ -257,13 +250,6 @@ def reproduce(args: Any) -> dict[str, Any]:
         "table": rows,
         "async_run": async_run,
         "sensitivity": sensitivity,
-        "staleness_ablation": ablation(cfg, async_over(cfg), phases),
-        "length_grid": [
-            {**point, "implied_update_mfu": implied_mfu(point["tokens_per_step"])}
-            for point in length_grid(args, calibrate, async_over, phases)
-        ],
-        "sync_rows": sync_rows(cfg, phases),
-        "run_windows": run_windows(),
     }
 
 

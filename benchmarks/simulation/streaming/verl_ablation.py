@@ -19,13 +19,15 @@ import re
 from types import SimpleNamespace
 from typing import Any
 
+from benchmarks.simulation.streaming.calibrate import PUBLISHED, async_over, calibrate, implied_mfu, phases
 from benchmarks.simulation.streaming.trainer import run
 
+PHASES = ("step", "gen", "update_actor")
 ABLATION = {  # staleness_threshold -> seconds per step of 512 prompts (the trainer's phases)
     0.0: {"step": 231.34, "gen": 128.47, "update_actor": 98.77},
     0.1: {"step": 171.30, "gen": 58.17, "update_actor": 109.12},
     0.3: {"step": 146.11, "gen": 38.88, "update_actor": 103.22},
-    0.5: {"step": 150.63, "gen": 33.14, "update_actor": 113.16},
+    0.5: {k: PUBLISHED["async_64_64"][k] for k in PHASES},  # the phase table's async row
 }
 TOTALS = {  # total time after 100 / 200 / 300 / 400 steps, as published
     "sync_128": ("8h 36m", "17h 56m", "1d 5h 6m", "1d 16h 48m"),
@@ -33,10 +35,11 @@ TOTALS = {  # total time after 100 / 200 / 300 / 400 steps, as published
 }
 SAME_RUN_300_STEPS = {"step": 124.64, "gen": 25.62, "update_actor": 95.06}  # require_batches 4
 SYNC_ROWS = {  # colocated sync at each GPU count: one run each (the main table)
-    128: {"step": 356.30, "gen": 177.85, "old_log_prob": 53.92, "update_actor": 113.81},
-    64: {"step": 365.28, "gen": 150.72, "old_log_prob": 70.26, "update_actor": 133.41},
+    128: PUBLISHED["sync_128"],
+    64: PUBLISHED["sync_64"],
     32: {"step": 790.10, "gen": 357.41, "old_log_prob": 107.71, "update_actor": 269.80},
 }
+OVERHEAD_S = 10.0  # seconds of verl's sync gen timer counted as not decoding, a sensitivity
 
 
 def seconds(total: str) -> float:
@@ -63,7 +66,7 @@ def run_windows() -> dict[str, Any]:
     return out
 
 
-def sync_rows(cfg: SimpleNamespace, phases: Any) -> list[dict[str, Any]]:
+def sync_rows(cfg: SimpleNamespace) -> list[dict[str, Any]]:
     """The calibrated config (engine costs fitted at 128 GPUs) run colocated at 64 and 32 GPUs against
     verl's own sync rows: how far one steady engine cost is from verl's runs at other GPU counts."""
     rows = []
@@ -78,17 +81,18 @@ def sync_rows(cfg: SimpleNamespace, phases: Any) -> list[dict[str, Any]]:
     return rows
 
 
-def ablation(cfg: SimpleNamespace, over: dict[str, Any], phases: Any) -> list[dict[str, Any]]:
-    """Each threshold's row: published and simulated step, wait and update (``over``: the async run's
-    settings, :func:`calibrate.async_over`; ``phases``: :func:`calibrate.phases`), their errors, and the
-    wait as a share of the wait at 0.5, published and simulated."""
+def ablation(cfg: SimpleNamespace) -> list[dict[str, Any]]:
+    """Each threshold's row (the async run as :func:`calibrate.async_over` sets it): published and
+    simulated step, wait and update, their errors, and the wait as a share of the wait at 0.5, published
+    and simulated."""
+    over = async_over(cfg)
     sim = {
         f: phases(run(SimpleNamespace(**{**vars(cfg), **over, "staleness_fraction": f})), 4) for f in ABLATION
     }
     rows = []
     for f, pub in ABLATION.items():
         row: dict[str, Any] = {"staleness_threshold": f}
-        for key in ("step", "gen", "update_actor"):
+        for key in PHASES:
             row[key] = {"published": pub[key], "simulated": sim[f][key], "error": sim[f][key] / pub[key] - 1}
         published = pub["gen"] / ABLATION[0.5]["gen"]
         simulated = sim[f]["gen"] / sim[0.5]["gen"] if sim[0.5]["gen"] > 0 else None  # None: no wait at 0.5
@@ -104,18 +108,18 @@ def ablation(cfg: SimpleNamespace, over: dict[str, Any], phases: Any) -> list[di
 GRID = {"sigma": (1.0, 1.2), "median": (600, 900, 1200, 1800)}
 
 
-def length_grid(args: Any, calibrate: Any, over: Any, phases: Any) -> list[dict[str, Any]]:
+def length_grid(args: Any) -> list[dict[str, Any]]:
     """The unpublished lengths varied (each point a new calibration on the sync column): the wait's
     shape over the thresholds (largest error of the wait as a share of the wait at 0.5; None where the
     trainer never waits at 0.5) against the step and the wait at 0.5, and the update MFU the lengths
-    imply. ``calibrate``, ``over``, ``phases``: :mod:`calibrate`'s functions (it imports this module)."""
+    imply."""
     points = []
     for sigma in GRID["sigma"]:
         for median in GRID["median"]:
             costs, cfg = calibrate(
                 SimpleNamespace(**{**vars(args), "verl_median_len": median, "verl_sigma": sigma})
             )
-            rows = ablation(cfg, over(cfg), phases)
+            rows = ablation(cfg)
             shape = [r["gen_over_gen_at_0.5"]["error"] for r in rows]
             points.append(
                 {
@@ -126,13 +130,32 @@ def length_grid(args: Any, calibrate: Any, over: Any, phases: Any) -> list[dict[
                     "step_error_at_0.5": rows[-1]["step"]["error"],
                     "gen_error_at_0.5": rows[-1]["gen"]["error"],
                     "tokens_per_step": costs["tokens_per_step"],
+                    "implied_update_mfu": implied_mfu(costs["tokens_per_step"]),
                 }
             )
     return points
 
 
+def checks(args: Any, cfg: SimpleNamespace) -> dict[str, Any]:
+    """Every check of this module on the calibrated ``cfg`` (``args``: the calibration's), and the
+    ablation again with :data:`OVERHEAD_S` of the sync gen timer not decoding (a new calibration)."""
+    _, with_overhead = calibrate(SimpleNamespace(**{**vars(args), "verl_sync_gen_overhead": OVERHEAD_S}))
+    rows = ablation(with_overhead)
+    return {
+        "staleness_ablation": ablation(cfg),
+        "length_grid": length_grid(args),
+        "sync_rows": sync_rows(cfg),
+        "run_windows": run_windows(),
+        "ablation_with_sync_gen_overhead": {
+            "overhead_s": OVERHEAD_S,
+            "wait_errors": [row["gen"]["error"] for row in rows],
+            "shape_errors": [row["gen_over_gen_at_0.5"]["error"] for row in rows],
+        },
+    }
+
+
 def report(rep: dict[str, Any]) -> None:
-    """Print the staleness ablation, the length grid and the runs' windows of :func:`calibrate.reproduce`."""
+    """Print :func:`checks`' results (merged into :func:`calibrate.reproduce`'s record)."""
     print("staleness ablation (64:64): published / simulated, error; the wait as a share of the wait at 0.5")
     for row in rep["staleness_ablation"]:
         cells = [f"threshold {row['staleness_threshold']:.1f}"]
@@ -147,11 +170,12 @@ def report(rep: dict[str, Any]) -> None:
             f"  lengths sigma {p['sigma']} median {p['median_len']}: shape error {shape}, at 0.5 step"
             f" {p['step_error_at_0.5']:+.0%} wait {p['gen_error_at_0.5']:+.0%}, update MFU {p['implied_update_mfu']:.0%}"
         )
-    for name, entry in rep["sensitivity"].items():
-        if "ablation_wait_errors" in entry:
-            waits = ", ".join(f"{e:+.0%}" for e in entry["ablation_wait_errors"])
-            shape = ", ".join("-" if e is None else f"{e:+.0%}" for e in entry["ablation_shape_errors"])
-            print(f"  {name}: the ablation's waits {waits}, their shape {shape}")
+    overhead = rep["ablation_with_sync_gen_overhead"]
+    waits = ", ".join(f"{e:+.0%}" for e in overhead["wait_errors"])
+    shape = ", ".join("-" if e is None else f"{e:+.0%}" for e in overhead["shape_errors"])
+    print(
+        f"  {overhead['overhead_s']:.0f} s of the sync gen timer not decoding: waits {waits}, shape {shape}"
+    )
     for row in rep["sync_rows"]:
         cells = ", ".join(
             f"{k} {row[k]['published']:.1f} / {row[k]['simulated']:.1f} ({row[k]['error']:+.0%})"
