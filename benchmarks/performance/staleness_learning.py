@@ -1,7 +1,8 @@
 """What does staleness cost learning? Sync against ``max_staleness`` 1, 2 and 4 with decoupled PPO.
 
     python -m benchmarks.performance.staleness_learning [--seeds 0 1 2 3 4] [--modes sync stale1 ...]
-        [--recipe tiny|streaming] [--max-new-tokens 2] [--max-steps N] [--out staleness_learning]
+        [--recipe tiny|streaming] [--max-new-tokens 2] [--max-steps N] [--mini-batches 1]
+        [--lr 0.003] [--out staleness_learning]
 
 Each run is ``unirl-lightning fit --config examples/grpo_tiny.yaml`` (held-out accuracy on 64 disjoint
 prompts every 20 steps, 120 steps), in its own process, with ``--seed_everything SEED`` and the
@@ -20,10 +21,14 @@ draining), with the engine's calls and rows scaled to the mode's window: ``concu
 ``max_inflight`` x 16 groups, ``max_batch_size`` = that x 8 samples (as the recipe sizes them).
 
 ``--max-new-tokens`` lengthens completions (the recipe's 2 tokens end every sample at once; a longer
-budget gives the untrained policy long, uneven samples: the long-tail case). Runs are interleaved by
-seed. Reported per mode: held-out accuracy at every evaluation (median and range over seeds), the wall
-seconds at which each evaluation was logged (TensorBoard's own wall time, from the run's first event),
-and the fraction of trained tokens older than the step's version. Writes
+budget gives the untrained policy long, uneven samples: the long-tail case). ``--mini-batches K`` cuts
+each step's batch into K optimizer steps (the recipes take one): from the second mini-batch on the
+trainer's policy has moved past the proximal one, which is where decoupled PPO's ratio and clip act
+(AdamW moves a weight about ``lr`` per optimizer step, so ``--lr`` at the recipe's / K keeps a
+step's movement).
+Runs are interleaved by seed. Reported per mode: held-out accuracy at every evaluation (median and
+range over seeds), the wall seconds at which each evaluation was logged (TensorBoard's own wall time,
+from the run's first event), and the fraction of trained tokens older than the step's version. Writes
 benchmarks/results/staleness_learning.json.
 """
 
@@ -92,6 +97,10 @@ def one_run(mode: str, seed: int, config: dict[str, Any], root: Path) -> dict[st
     ]  # fmt: skip
     if config["max_steps"] is not None:
         command.append(f"--trainer.max_steps={config['max_steps']}")
+    if config.get("mini_batches") is not None:
+        command.append(f"--model.init_args.mini_batches={config['mini_batches']}")
+    if config.get("lr") is not None:
+        command.append(f"--model.init_args.lr={config['lr']}")
     started = time.perf_counter()
     done = subprocess.run(command, capture_output=True, text=True, env=common.child_env(), timeout=1800)
     if done.returncode != 0:
@@ -152,6 +161,10 @@ def main() -> None:
     parser.add_argument("--recipe", choices=list(RECIPES), default="tiny", help="examples/grpo_tiny*.yaml")
     parser.add_argument("--max-new-tokens", type=int, default=2, help="the recipe's is 2")
     parser.add_argument("--max-steps", type=int, default=None, help="default: the recipe's")
+    parser.add_argument(
+        "--mini-batches", type=int, default=None, help="optimizer steps per batch (default: the recipe's, 1)"
+    )
+    parser.add_argument("--lr", type=float, default=None, help="default: the recipe's, 0.003")
     parser.add_argument(
         "--out", default="staleness_learning", help="results file (a bare name: in the results folder)"
     )

@@ -34,7 +34,7 @@ def fit(save_dir, *extra: str):
 @pytest.fixture(scope="module")
 def saved_run(tmp_path_factory, ray_local):
     root = tmp_path_factory.mktemp("resume")
-    assert fit(root / "runs", "--trainer.max_steps=2") == (0.003, 0.003, 2)
+    assert fit(root / "runs", "--trainer.max_steps=2") == (0.00075, 0.00075, 2)
     return root / "runs"
 
 
@@ -55,10 +55,10 @@ def test_last_and_the_path_resume_with_the_checkpoints_settings_naming_the_edite
             f"--ckpt_path={'last' if ckpt == 'last' else path}",
         )
     # the module's setting and the optimizer's (restored with its state) agree: the checkpoint's
-    assert resumed == (0.003, 0.003, 3)
+    assert resumed == (0.00075, 0.00075, 3)
     named = [str(w.message) for w in caught if "model.init_args.lr" in str(w.message)]
     assert named == [
-        "model.init_args.lr: the config says 0.5, the checkpoint 0.003; resuming with the checkpoint's 0.003 "
+        "model.init_args.lr: the config says 0.5, the checkpoint 0.00075; resuming with the checkpoint's 0.00075 "
         "(a resume continues the saved run; start a new run to change it)"
     ]
 

@@ -37,7 +37,8 @@ def test_on_policy_ratio_is_one_and_logprobs_match_with_vllm_generating(tmp_path
 
 
 def test_tiny_grpo_recipe_learns_with_vllm(tmp_path):
-    """The CPU demo's task and hyper-parameters (examples/grpo_tiny.yaml), vLLM generating, async."""
+    """The CPU demo's task (examples/grpo_tiny.yaml; the recipe's earlier lr, 3e-3: 40 steps learn), vLLM
+    generating, async."""
     strategy = AsyncRolloutStrategy(engine="vllm", max_staleness=1, max_inflight=2)
     module = tiny_module(
         policy=tiny_policy(),
