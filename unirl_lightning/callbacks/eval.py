@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-import threading
 from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
@@ -35,35 +34,34 @@ def mean_pass_at_k(counts: Sequence[tuple[int, int]], k: int) -> float:
     return sum(pass_at_k(n, c, k) for n, c in counts) / len(counts)
 
 
-def _math_timeout() -> int | None:
-    # math_verify's timeouts use signal.alarm, which only works on the main thread
-    return 5 if threading.current_thread() is threading.main_thread() else None
+_MAJORITY_CHECKER: Any = None  # one AnswerChecker per process: its cache outlives an evaluation
 
 
 def majority_correct(completions: Sequence[str], gold: str) -> bool:
-    """maj@n of one prompt: the answer most completions give (``math_verify.parse`` of each; two
-    answers are the same when ``math_verify.verify`` says so; completions with no parsable answer
-    do not vote; a tie goes to the answer given first) is checked against ``gold`` with
-    ``math_verify.verify``. No parsable answer at all counts as wrong."""
-    from math_verify import parse, verify
+    """maj@n of one prompt: the answer most completions give (two answers are the same when
+    ``math_verify`` says so; a completion votes when ``math_verify`` can check its answer against
+    itself, so one with no parsable answer does not; a tie goes to the answer given first) is
+    checked against ``gold`` with ``math_verify``. No vote at all counts as wrong. Every check is
+    bounded by 5 s on any thread (:class:`~unirl_lightning.rewards.math_check.AnswerChecker`)."""
+    global _MAJORITY_CHECKER
+    if _MAJORITY_CHECKER is None:
+        from unirl_lightning.rewards.math_check import AnswerChecker
 
-    timeout = _math_timeout()
-    votes: list[tuple[list, int]] = []  # (an answer as parsed, how many completions gave it)
-    for text in completions:
-        answer = parse(text, parsing_timeout=timeout)
-        if not answer:
+        _MAJORITY_CHECKER = AnswerChecker(timeout_seconds=5)
+    check = _MAJORITY_CHECKER.check
+    votes: list[list[Any]] = []  # [an answer's first text, how many completions gave it]
+    for text, checkable in zip(completions, check([(text, text) for text in completions])):
+        if not checkable:
             continue
-        for i, (seen, count) in enumerate(votes):
-            if verify(seen, answer, timeout_seconds=timeout):
-                votes[i] = (seen, count + 1)
-                break
+        same = check([(seen, text) for seen, _ in votes])
+        if any(same):
+            votes[same.index(True)][1] += 1
         else:
-            votes.append((answer, 1))
+            votes.append([text, 1])
     if not votes:
         return False
     best = max(range(len(votes)), key=lambda i: (votes[i][1], -i))
-    target = parse(str(gold), parsing_timeout=timeout)
-    return bool(target) and bool(verify(target, votes[best][0], timeout_seconds=timeout))
+    return check([(str(gold), votes[best][0])])[0]
 
 
 def group_metrics(

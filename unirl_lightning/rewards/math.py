@@ -1,19 +1,18 @@
 """Math answer checking with the ``math_verify`` library (Hugging Face Math-Verify).
 
 Contract: :class:`MathVerifyReward` parses the gold answer and the completion with
-``math_verify.parse`` and compares them with ``math_verify.verify``; no answer checking is done
-here by hand. It is safe to call from any thread: ``math_verify`` implements its timeouts with
-``signal.alarm``, which only works on the main thread, so off the main thread (threaded Ray
-actors, a thread pool) the reward passes ``parsing_timeout=None`` / ``timeout_seconds=None``,
-which disables the signal and the timeout; on the main thread the timeout is enforced.
+``math_verify.parse`` and compares them with ``math_verify.verify`` (through
+:class:`~unirl_lightning.rewards.math_check.AnswerChecker`); no answer checking is done here by
+hand. It is safe to call from any thread, and every parse and comparison is bounded by
+``timeout_seconds`` on every thread: ``math_verify`` bounds its work with ``signal.alarm``, which
+works only on the main thread, so off it the check runs in a long-lived child process whose main
+thread does the same. A check that runs out scores ``incorrect`` and is logged with its texts.
 """
 
 from __future__ import annotations
 
-import functools
-import threading
-
 from unirl_lightning.rewards.base import Reward, _record_field
+from unirl_lightning.rewards.math_check import AnswerChecker
 
 __all__ = ["MathVerifyReward"]
 
@@ -24,14 +23,16 @@ class MathVerifyReward(Reward):
     The gold answer is ``str(record[answer_key])``; both sides go through ``math_verify.parse``
     (LaTeX such as ``\\boxed{7}`` and plain expressions such as ``1/2`` are extracted), then
     ``math_verify.verify(gold, prediction)``. A completion with no parseable answer scores
-    ``incorrect``.
+    ``incorrect``. Verdicts are cached per (gold, completion): a group's repeated completions cost
+    one check. :attr:`timeouts` counts the parses and comparisons that ran out of time.
 
     Args:
         answer_key: Record key holding the gold answer.
         correct: Reward when the answers match.
         incorrect: Reward otherwise.
-        timeout_seconds: Per-parse / per-comparison timeout, enforced only when called on the main
-            thread (``math_verify`` uses ``signal.alarm``); ``None`` or ``0`` disables it.
+        timeout_seconds: Bound on each parse and each comparison, on any thread (see the module
+            docstring); ``None`` or ``0`` disables it, and then a pathological completion (such as
+            ``8888** 8** 8``, minutes of sympy) holds the worker until it is done.
 
     Example::
 
@@ -63,27 +64,17 @@ class MathVerifyReward(Reward):
         self.correct = float(correct)
         self.incorrect = float(incorrect)
         self.timeout_seconds = timeout_seconds
+        self.checker = AnswerChecker(timeout_seconds)
 
-    def _timeout(self) -> int | None:
-        # signal.alarm (math_verify's timeout) raises ValueError off the main thread.
-        if threading.current_thread() is not threading.main_thread():
-            return None
-        return self.timeout_seconds or None
+    @property
+    def timeouts(self) -> int:
+        """Parses and comparisons that ran out of ``timeout_seconds`` so far (each scored ``incorrect``)."""
+        return self.checker.timeouts
+
+    def __call__(self, completions: list[str], records: list[dict]) -> list[float]:
+        golds = [str(_record_field(record, self.answer_key, self.name)) for record in records]
+        verdicts = self.checker.check(list(zip(golds, completions)))
+        return [self.correct if ok else self.incorrect for ok in verdicts]
 
     def score(self, completion: str, record: dict) -> float:
-        from math_verify import verify
-
-        timeout = self._timeout()
-        gold = _parse(str(_record_field(record, self.answer_key, self.name)), timeout)
-        prediction = _parse(completion, timeout)
-        if not gold or not prediction:
-            return self.incorrect
-        return self.correct if verify(gold, prediction, timeout_seconds=timeout) else self.incorrect
-
-
-@functools.lru_cache(maxsize=8192)
-def _parse(text: str, timeout: int | None) -> list:
-    """``math_verify.parse``, memoised: a group repeats its gold answer, and short completions repeat."""
-    from math_verify import parse
-
-    return parse(text, parsing_timeout=timeout)
+        return self([completion], [record])[0]

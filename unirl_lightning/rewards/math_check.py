@@ -1,0 +1,205 @@
+"""``math_verify``'s answer check on text pairs, with its timeout enforced on every thread.
+
+Contract: :meth:`AnswerChecker.check` takes ``(reference, answer)`` text pairs and says, for each,
+whether ``math_verify.verify(parse(reference), parse(answer))`` holds. Every parse and every
+comparison is bounded by ``timeout_seconds``; one that runs out counts in
+:attr:`AnswerChecker.timeouts`, is logged once with the texts, and checks as ``False``. Verdicts are
+cached per pair, so a completion repeated across a group (or across steps) costs one check.
+
+Why a process: ``math_verify`` bounds its work with ``signal.alarm``, which works only on a
+process's main thread, and says that elsewhere the caller must bound it. Some short completions
+need that bound: ``8888** 8** 8`` against ``5`` makes sympy build ``8888**(8**8)``, two minutes
+of work. On the main thread the check runs in place under the alarm. On any other thread (a
+threaded Ray actor, a thread pool) the pairs go to one long-lived child interpreter
+(``python -m unirl_lightning.rewards.math_check``) that runs the same check on *its* main thread;
+if it ever misses its deadline, it is killed, the pair counts as a timeout and a fresh child takes
+the rest. ``timeout_seconds=None`` (or 0) disables the bound everywhere, as in ``math_verify``.
+
+Example::
+
+    >>> AnswerChecker().check([("7", "The answer is \\\\boxed{7}"), ("1/2", "0.5"), ("7", "8")])
+    [True, True, False]
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import logging
+import os
+import selectors
+import subprocess
+import sys
+import threading
+from collections.abc import Sequence
+from pathlib import Path
+
+__all__ = ["AnswerChecker", "check_pair"]
+
+log = logging.getLogger(__name__)
+
+_PACKAGE_ROOT = str(Path(__file__).resolve().parents[2])  # the folder holding unirl_lightning/
+_START_S = 60.0  # a child's first answer may wait for its imports (sympy)
+_CHECKS_PER_PAIR = 8  # a pair's parses and comparisons, each bounded in the child by its alarm
+_SLACK_S = 10.0
+
+
+def check_pair(reference: str, answer: str, timeout: int | None) -> tuple[bool, int]:
+    """``math_verify`` on one pair in this thread: ``(verdict, timeouts)``. ``timeout`` is passed to
+    ``math_verify`` as is (``signal.alarm``: main thread only). Each (reference, answer)
+    extraction pair is compared on its own, as ``math_verify.verify`` does; an error other than a
+    timeout makes that comparison ``False``, as there."""
+    from itertools import product
+
+    from math_verify import parse, verify
+    from math_verify.errors import TimeoutException
+
+    timeouts = 0
+    parsed = []
+    for text in (reference, answer):
+        try:
+            parsed.append(parse(text, parsing_timeout=timeout, raise_on_error=True))
+        except TimeoutException:
+            timeouts += 1
+            parsed.append([])
+        except Exception:
+            parsed.append([])
+    gold, prediction = parsed
+    for g, t in product(gold, prediction):
+        try:
+            if verify(g, t, timeout_seconds=timeout, raise_on_error=True):
+                return True, timeouts
+        except TimeoutException:
+            timeouts += 1
+        except Exception:
+            pass
+    return False, timeouts
+
+
+class AnswerChecker:
+    """Checks ``(reference, answer)`` pairs with ``math_verify`` (see the module docstring).
+
+    Args:
+        timeout_seconds: Bound on each parse and each comparison; ``None`` or ``0`` disables it.
+        cache_size: Verdicts kept (least recently used dropped first).
+
+    Thread-safe. Picklable (a Ray actor's reward): the child process and the cache are not sent.
+    """
+
+    def __init__(self, timeout_seconds: int | None = 5, cache_size: int = 16384) -> None:
+        if timeout_seconds is not None and (not isinstance(timeout_seconds, int) or timeout_seconds < 0):
+            raise ValueError(
+                f"AnswerChecker timeout_seconds={timeout_seconds!r} is invalid; expected None or an int >= 0."
+            )
+        self.timeout_seconds = timeout_seconds or None
+        self.cache_size = cache_size
+        self.timeouts = 0
+        self._reset()
+
+    def _reset(self) -> None:
+        self._cache: collections.OrderedDict[tuple[str, str], bool] = collections.OrderedDict()
+        self._lock = threading.Lock()
+        self._child: subprocess.Popen | None = None
+
+    def __getstate__(self) -> dict:
+        return {k: v for k, v in self.__dict__.items() if k not in ("_cache", "_lock", "_child")}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self._reset()
+
+    def check(self, pairs: Sequence[tuple[str, str]]) -> list[bool]:
+        """One verdict per ``(reference, answer)`` pair."""
+        with self._lock:
+            verdicts = [self._cache.get(pair) for pair in pairs]
+            todo = list(dict.fromkeys(p for p, v in zip(pairs, verdicts) if v is None))
+            if todo:
+                found = dict(zip(todo, self._check(todo)))
+                verdicts = [found[p] if v is None else v for p, v in zip(pairs, verdicts)]
+            for pair, verdict in zip(pairs, verdicts):
+                self._cache[pair] = verdict
+                self._cache.move_to_end(pair)
+            while len(self._cache) > self.cache_size:
+                self._cache.popitem(last=False)
+        return verdicts
+
+    def _check(self, pairs: list[tuple[str, str]]) -> list[bool]:
+        in_place = self.timeout_seconds is None or threading.current_thread() is threading.main_thread()
+        results = [check_pair(r, a, self.timeout_seconds) for r, a in pairs] if in_place else self._remote(pairs)
+        for (reference, answer), (_, timeouts) in zip(pairs, results):
+            if timeouts:
+                self.timeouts += timeouts
+                log.warning(
+                    "math_verify ran out of its %s s checking answer %r against reference %r; scored "
+                    "incorrect (%d timeouts so far).",
+                    self.timeout_seconds, answer[:200], reference[:200], self.timeouts,
+                )
+        return [verdict for verdict, _ in results]
+
+    def _remote(self, pairs: list[tuple[str, str]]) -> list[tuple[bool, int]]:
+        deadline = _CHECKS_PER_PAIR * self.timeout_seconds + _SLACK_S
+        results: list[tuple[bool, int]] = []
+        for reference, answer in pairs:
+            started = self._child is None or self._child.poll() is not None
+            if started:
+                self._start()
+            line = json.dumps([reference, answer]) + "\n"
+            try:
+                self._child.stdin.write(line.encode())
+                self._child.stdin.flush()
+                reply = _read_line(self._child, deadline + (_START_S if started else 0.0))
+            except (BrokenPipeError, OSError):
+                reply = None
+            if reply is None:  # stuck past every alarm, or dead: a fresh child takes the rest
+                self.close()
+                results.append((False, 1))
+                continue
+            verdict, timeouts = json.loads(reply)
+            results.append((bool(verdict), int(timeouts)))
+        return results
+
+    def _start(self) -> None:
+        env = dict(os.environ)
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (_PACKAGE_ROOT, env.get("PYTHONPATH")) if p)
+        self._child = subprocess.Popen(
+            [sys.executable, "-m", "unirl_lightning.rewards.math_check", str(self.timeout_seconds)],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env,
+        )
+
+    def close(self) -> None:
+        """Stop the child process, if one runs (a later check starts another)."""
+        child, self._child = self._child, None
+        if child is not None and child.poll() is None:
+            child.kill()
+            child.wait()
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:
+            pass
+
+
+def _read_line(child: subprocess.Popen, seconds: float) -> bytes | None:
+    """One line of ``child``'s stdout within ``seconds``, else ``None``."""
+    with selectors.DefaultSelector() as selector:
+        selector.register(child.stdout, selectors.EVENT_READ)
+        if not selector.select(timeout=seconds):
+            return None
+    line = child.stdout.readline()
+    return line or None
+
+
+def main() -> int:
+    """The child: one JSON ``[reference, answer]`` per stdin line, one ``[verdict, timeouts]`` out."""
+    timeout = int(sys.argv[1]) if len(sys.argv) > 1 and sys.argv[1] != "None" else None
+    logging.getLogger("math_verify").setLevel(logging.ERROR)
+    for line in sys.stdin:
+        reference, answer = json.loads(line)
+        sys.stdout.write(json.dumps(check_pair(reference, answer, timeout)) + "\n")
+        sys.stdout.flush()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
