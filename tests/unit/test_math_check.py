@@ -15,8 +15,11 @@ import pytest
 
 pytest.importorskip("math_verify")
 
-from unirl_lightning.rewards import MathVerifyReward, score_batch  # noqa: E402
-from unirl_lightning.rewards import math_check  # noqa: E402
+from unirl_lightning.rewards import (  # noqa: E402
+    MathVerifyReward,
+    math_check,  # noqa: E402
+    score_batch,
+)
 from unirl_lightning.rewards.math_check import AnswerChecker  # noqa: E402
 
 # sympy builds 8888**(8**8) for this 12-character completion: about two minutes unbounded.

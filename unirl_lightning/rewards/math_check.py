@@ -11,7 +11,7 @@ process's main thread, and says that elsewhere the caller must bound it. Some sh
 need that bound: ``8888** 8** 8`` against ``5`` makes sympy build ``8888**(8**8)``, two minutes
 of work. On the main thread the check runs in place under the alarm. On any other thread (a
 threaded Ray actor, a thread pool) the pairs go to one long-lived child interpreter
-(``python -m unirl_lightning.rewards.math_check``) that runs the same check on *its* main thread;
+(running :func:`main`) that runs the same check on *its* main thread;
 if it ever misses its deadline, it is killed, the pair counts as a timeout and a fresh child takes
 the rest. ``timeout_seconds=None`` (or 0) disables the bound everywhere, as in ``math_verify``.
 
@@ -42,6 +42,7 @@ _PACKAGE_ROOT = str(Path(__file__).resolve().parents[2])  # the folder holding u
 _START_S = 60.0  # a child's first answer may wait for its imports (sympy)
 _CHECKS_PER_PAIR = 8  # a pair's parses and comparisons, each bounded in the child by its alarm
 _SLACK_S = 10.0
+_CHILD = "import sys; from unirl_lightning.rewards.math_check import main; sys.exit(main())"
 
 
 def check_pair(reference: str, answer: str, timeout: int | None) -> tuple[bool, int]:
@@ -125,14 +126,19 @@ class AnswerChecker:
 
     def _check(self, pairs: list[tuple[str, str]]) -> list[bool]:
         in_place = self.timeout_seconds is None or threading.current_thread() is threading.main_thread()
-        results = [check_pair(r, a, self.timeout_seconds) for r, a in pairs] if in_place else self._remote(pairs)
+        results = (
+            [check_pair(r, a, self.timeout_seconds) for r, a in pairs] if in_place else self._remote(pairs)
+        )
         for (reference, answer), (_, timeouts) in zip(pairs, results):
             if timeouts:
                 self.timeouts += timeouts
                 log.warning(
                     "math_verify ran out of its %s s checking answer %r against reference %r; scored "
                     "incorrect (%d timeouts so far).",
-                    self.timeout_seconds, answer[:200], reference[:200], self.timeouts,
+                    self.timeout_seconds,
+                    answer[:200],
+                    reference[:200],
+                    self.timeouts,
                 )
         return [verdict for verdict, _ in results]
 
@@ -162,8 +168,10 @@ class AnswerChecker:
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(p for p in (_PACKAGE_ROOT, env.get("PYTHONPATH")) if p)
         self._child = subprocess.Popen(
-            [sys.executable, "-m", "unirl_lightning.rewards.math_check", str(self.timeout_seconds)],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env,
+            [sys.executable, "-c", _CHILD, str(self.timeout_seconds)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            env=env,
         )
 
     def close(self) -> None:
@@ -199,7 +207,3 @@ def main() -> int:
         sys.stdout.write(json.dumps(check_pair(reference, answer, timeout)) + "\n")
         sys.stdout.flush()
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
