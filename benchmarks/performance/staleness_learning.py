@@ -1,7 +1,7 @@
 """What does staleness cost learning? Sync against ``max_staleness`` 1, 2 and 4 with decoupled PPO.
 
     python -m benchmarks.performance.staleness_learning [--seeds 0 1 2 3 4] [--modes sync stale1 ...]
-        [--recipe tiny|streaming] [--max-new-tokens 2] [--max-steps N] [--mini-batches 1]
+        [--recipe tiny|streaming|hybrid|dataset] [--max-new-tokens 2] [--max-steps N] [--mini-batches 1]
         [--lr 0.003] [--out staleness_learning]
 
 Each run is ``unirl-lightning fit --config examples/grpo_tiny.yaml`` (held-out accuracy on 64 disjoint
@@ -19,6 +19,11 @@ mode's strategy and loss settings:
 HF engine batches continuously, every prompt's group is a launch of its own, and a sync pushes without
 draining), with the engine's calls and rows scaled to the mode's window: ``concurrent_calls`` =
 ``max_inflight`` x 16 groups, ``max_batch_size`` = that x 8 samples (as the recipe sizes them).
+
+``--recipe hybrid`` (``grpo_tiny_hybrid.yaml``: the engine in the training process, no Ray; sync
+only, so ``--modes sync``) and ``--recipe dataset`` (``grpo_tiny_dataset.yaml``: the task from a
+dataset folder, TRL-style reward functions; ``stale1_rollout`` is the recipe as shipped) check a
+rate on the other tiny recipes.
 
 ``--max-new-tokens`` lengthens completions (the recipe's 2 tokens end every sample at once; a longer
 budget gives the untrained policy long, uneven samples: the long-tail case). ``--mini-batches K`` cuts
@@ -43,8 +48,13 @@ from typing import Any
 
 from benchmarks.harness import common, stats
 
-RECIPES = {"tiny": "grpo_tiny.yaml", "streaming": "grpo_tiny_streaming.yaml"}
-GROUPS, SAMPLES = 16, 8  # both recipes' batch_size and num_generations
+RECIPES = {
+    "tiny": "grpo_tiny.yaml",
+    "streaming": "grpo_tiny_streaming.yaml",
+    "hybrid": "grpo_tiny_hybrid.yaml",
+    "dataset": "grpo_tiny_dataset.yaml",
+}
+GROUPS, SAMPLES = 16, 8  # every recipe's batch_size and num_generations
 DECOUPLED = {"model.init_args.old_logprob": "recompute", "model.init_args.tis_cap": "2.0"}
 MODES: dict[str, dict[str, str]] = {
     "sync": {"max_staleness": "0", "max_inflight": "1"},
@@ -102,7 +112,9 @@ def one_run(mode: str, seed: int, config: dict[str, Any], root: Path) -> dict[st
     if config.get("lr") is not None:
         command.append(f"--model.init_args.lr={config['lr']}")
     started = time.perf_counter()
-    done = subprocess.run(command, capture_output=True, text=True, env=common.child_env(), timeout=1800)
+    done = subprocess.run(
+        command, capture_output=True, text=True, env=common.child_env(), timeout=1800, cwd=common.REPO
+    )  # the dataset recipe names its files from the repository root
     if done.returncode != 0:
         raise RuntimeError(f"{mode} seed {seed} failed:\n{done.stderr[-3000:]}")
     events = read_events(root / name)
@@ -164,7 +176,7 @@ def main() -> None:
     parser.add_argument(
         "--mini-batches", type=int, default=None, help="optimizer steps per batch (default: the recipe's, 1)"
     )
-    parser.add_argument("--lr", type=float, default=None, help="default: the recipe's, 0.003")
+    parser.add_argument("--lr", type=float, default=None, help="default: the recipe's")
     parser.add_argument(
         "--out", default="staleness_learning", help="results file (a bare name: in the results folder)"
     )
