@@ -86,6 +86,7 @@ class ChunkedGeneration:
         self.chunks = 0  # chunks folded so far
         self.interrupts = 0  # times this job was suspended and resumed
         self.generate_s = self.score_s = 0.0
+        self.reward_timeouts = 0
         self.spans: list[dict[str, Any]] = []
         self._stopped = False  # interrupted: no next chunk until resume
         self._sent: list[Key] = []
@@ -153,6 +154,7 @@ class ChunkedGeneration:
         self.rows, self.done = rows, done
         self.generate_s += result.generate_s
         self.score_s += result.score_s
+        self.reward_timeouts += result.reward_timeouts
         self.spans.extend(spans)
         self.chunks += 1
         self._pending = None
@@ -199,7 +201,13 @@ class ChunkedGeneration:
             [self.done[index, sample] for sample in range(self.request.n)]
             for index in range(len(self.request.records))
         ]
-        return GenerationResult(groups, generate_s=self.generate_s, score_s=self.score_s, spans=self.spans)
+        return GenerationResult(
+            groups,
+            generate_s=self.generate_s,
+            score_s=self.score_s,
+            spans=self.spans,
+            reward_timeouts=self.reward_timeouts,
+        )
 
     # -- interrupts -------------------------------------------------------------------------------
     def interrupt(self) -> bool:

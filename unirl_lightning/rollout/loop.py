@@ -157,6 +157,9 @@ class RolloutLoop:
         self.blocked_s = 0.0  # time the trainer waited on generation since the last batch
         self.generate_s = 0.0  # generation time of the jobs reaped since the last batch
         self.score_s = 0.0  # reward time of the jobs reaped since the last batch
+        self.reward_timeouts = (
+            0  # reward checks given up on (rollout/reward_timeouts, since the start or resume)
+        )
         self.groups_per_step: int | None = None
         self.occupancy = OccupancyMeter()  # the engines' active rows / slots (rollout/engine_occupancy)
         # an optional span recorder (``unirl_lightning.core.timeline.Timeline``: ``span(name, start, end,
@@ -335,6 +338,7 @@ class RolloutLoop:
             groups = kept
         self.generate_s += result.generate_s
         self.score_s += result.score_s
+        self.reward_timeouts += result.reward_timeouts
         self.occupancy.observe_spans(result.spans)
         if self.timeline is not None:
             for span in result.spans:
@@ -376,6 +380,7 @@ class RolloutLoop:
                     else {}
                 ),
                 "perf/score_time_s": self.score_s,
+                **({"rollout/reward_timeouts": float(self.reward_timeouts)} if self.reward_timeouts else {}),
                 **(
                     {
                         "rollout/filtered_groups": float(self.filtered_groups),

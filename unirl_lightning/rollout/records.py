@@ -263,6 +263,8 @@ class GenerationResult:
             ``interrupted``).
         score_span: a reward worker's stamp of its scoring (``start``, ``end``, ``reward_worker``).
         score_spans: a merged call's reward-worker stamps.
+        reward_timeouts: checks the reward gave up on while scoring these groups (a merged call:
+            its parts' sum).
     """
 
     groups: list[list[Any]]
@@ -272,6 +274,7 @@ class GenerationResult:
     spans: list[dict[str, Any]] = field(default_factory=list)
     score_span: dict[str, Any] | None = None
     score_spans: list[dict[str, Any]] = field(default_factory=list)
+    reward_timeouts: int = 0
 
 
 @dataclass(frozen=True)

@@ -37,16 +37,28 @@ from typing import Any
 from unirl_lightning.rollout.records import GenerationResult, RolloutRequest
 from unirl_lightning.weight_sync.buckets import PackedWeights
 
-__all__ = ["RolloutWorker", "score_groups"]
+__all__ = ["RolloutWorker", "reward_timeouts", "score_groups"]
 
 
-def score_groups(reward: Any, groups: list[list[Any]], records: list[dict[str, Any]]) -> None:
+def reward_timeouts(reward: Any) -> int:
+    """The checks ``reward`` has given up on so far (a reward's ``timeouts`` counter, such as
+    :class:`~unirl_lightning.rewards.MathVerifyReward`'s; a combined reward's summed over its parts)."""
+    parts = getattr(reward, "rewards", None)
+    if isinstance(parts, list):
+        return sum(reward_timeouts(part) for part in parts)
+    count = getattr(reward, "timeouts", 0)
+    return count if isinstance(count, int) else 0
+
+
+def score_groups(reward: Any, groups: list[list[Any]], records: list[dict[str, Any]]) -> int:
     """Score every rollout of ``groups`` (``groups[i]`` answers ``records[i]``) with one call of
     ``reward`` (a batched reward sees every group's samples at once), but the rows of an interrupted
     chunk (``finish_reason == "aborted"``, ``sync_mode="interrupt"``): each rollout gets its total
     (``reward``) and each reward function's own score (``reward_parts``). Raises the reward's
     :class:`~unirl_lightning.rewards.RewardError`. Called by the rollout worker, or by a reward worker
-    (:mod:`unirl_lightning.workers.reward`) when the strategy sets ``reward_workers``."""
+    (:mod:`unirl_lightning.workers.reward`) when the strategy sets ``reward_workers``. Returns the
+    checks the reward gave up on meanwhile (:func:`reward_timeouts`; on a threaded worker, concurrent
+    calls may swap theirs, never lose one)."""
     from unirl_lightning.rewards import score_parts
 
     rows = [
@@ -57,7 +69,8 @@ def score_groups(reward: Any, groups: list[list[Any]], records: list[dict[str, A
         != "aborted"  # an interrupted chunk: scored when it finishes
     ]
     if not rows:
-        return
+        return 0
+    before = reward_timeouts(reward)
     rollouts = [rollout for rollout, _ in rows]
     extras = type(rollouts[0]).reward_columns(rollouts)
     totals, parts = score_parts(
@@ -68,6 +81,7 @@ def score_groups(reward: Any, groups: list[list[Any]], records: list[dict[str, A
         rollout.reward_parts = {
             name: values[index] for name, values in parts.items() if values[index] is not None
         }
+    return reward_timeouts(reward) - before
 
 
 def _occupancy(engine: Any) -> dict[str, Any]:
@@ -101,12 +115,14 @@ class RolloutWorker:
         else:
             groups = self.engine.generate(request)
         generate_s = time.perf_counter() - start
+        timeouts = 0
         if self.reward is not None:  # None: a reward worker pool scores (workers/reward.py)
-            score_groups(self.reward, groups, request.records)
+            timeouts = score_groups(self.reward, groups, request.records)
         return GenerationResult(
             groups,
             generate_s=generate_s,
             score_s=time.perf_counter() - start - generate_s,
+            reward_timeouts=timeouts,
             span={"start": started_at, "end": time.time(), **_occupancy(self.engine)},  # worker clock
         )
 

@@ -307,6 +307,7 @@ def merge_results(parts: list[GenerationResult], calls: list[CallPart] | None = 
         score_s=max(p.score_s for p in parts),
         spans=[_part_span(r, c) for r, c in zip(parts, calls or [])],
         score_spans=[p.score_span for p in parts if p.score_span is not None],  # reward workers' clocks
+        reward_timeouts=sum(p.reward_timeouts for p in parts),
     )
 
 

@@ -59,10 +59,11 @@ class RewardWorker:
         """``result`` (a rollout worker's ``generate`` answer, unscored) with every rollout scored;
         ``records[i]`` is the prompt record of ``result.groups[i]``."""
         started_at, start = time.time(), time.perf_counter()
-        score_groups(self.reward, result.groups, records)
+        timeouts = score_groups(self.reward, result.groups, records)
         return dataclasses.replace(
             result,
             score_s=time.perf_counter() - start,
+            reward_timeouts=result.reward_timeouts + timeouts,
             score_span={"start": started_at, "end": time.time(), "reward_worker": self.worker_index},
         )
 
