@@ -20,7 +20,7 @@ from unirl_lightning.rewards import (  # noqa: E402
     math_check,  # noqa: E402
     score_batch,
 )
-from unirl_lightning.rewards.math_check import AnswerChecker  # noqa: E402
+from unirl_lightning.rewards.math_check import AnswerChecker, _Child  # noqa: E402
 
 # sympy builds 8888**(8**8) for this 12-character completion: about two minutes unbounded.
 SLOW = "8888** 8** 8"
@@ -37,7 +37,7 @@ def test_verdicts_are_math_verifys_on_the_main_thread_and_off_it():
     checker = AnswerChecker()
     try:
         assert off_main_thread(checker.check, PAIRS) == [True, True, False, False]
-        assert checker._child is not None  # off the main thread the child process checked them
+        assert _Child.shared(5).process is not None  # off the main thread the child process checked them
     finally:
         checker.close()
 
@@ -81,10 +81,11 @@ def test_a_dead_child_is_replaced_and_a_stuck_one_is_killed_and_counted(monkeypa
     checker = AnswerChecker(timeout_seconds=1)
     try:
         assert off_main_thread(checker.check, [("1", "1")]) == [True]
-        checker._child.kill()
-        checker._child.wait()
+        child = _Child.shared(1)
+        child.process.kill()
+        child.process.wait()
         assert off_main_thread(checker.check, [("2", "2")]) == [True]  # a fresh child
-        stuck = checker._child
+        stuck = child.process
         os.kill(stuck.pid, signal.SIGSTOP)  # past every alarm: no reply comes
         monkeypatch.setattr(math_check, "_CHECKS_PER_PAIR", 0)
         monkeypatch.setattr(math_check, "_SLACK_S", 1.0)
@@ -94,12 +95,22 @@ def test_a_dead_child_is_replaced_and_a_stuck_one_is_killed_and_counted(monkeypa
         checker.close()
 
 
-def test_the_reward_pickles_without_its_child_or_cache_and_scores_the_same():
+def test_checkers_built_per_call_share_one_child_process():
+    pids = set()
+    for _ in range(3):
+        checker = AnswerChecker(timeout_seconds=1)
+        assert off_main_thread(checker.check, [("7", "7")]) == [True]
+        pids.add(_Child.shared(1).process.pid)
+    assert len(pids) == 1
+    checker.close()
+
+
+def test_the_reward_pickles_without_its_cache_and_scores_the_same():
     reward = MathVerifyReward()
     off_main_thread(reward, ["7"], [{"answer": "7"}])  # starts a child
     try:
         restored = pickle.loads(pickle.dumps(reward))
-        assert restored.checker._child is None and not restored.checker._cache
+        assert not restored.checker._cache
         assert restored(["7", "8"], [{"answer": "7"}] * 2) == [1.0, 0.0]
     finally:
         reward.checker.close()

@@ -38,6 +38,7 @@ overlaps the training split.
 
 from __future__ import annotations
 
+import functools
 import random
 import re
 from typing import Any, Literal
@@ -194,7 +195,7 @@ class CalculatorEnv(Environment):
                 "CalculatorEnv call_credit needs tool_credit=True (it is a floor of the tool credit)"
             )
         self.syntax: CalculatorSyntax = syntax
-        self.reward = MathVerifyReward(answer_key=answer_key) if reward is None else resolve_reward(reward)
+        self.reward = _math_reward(answer_key) if reward is None else resolve_reward(reward)
         self.answer_key = answer_key
         self.max_expression_chars = max_expression_chars
         self.max_magnitude = max_magnitude
@@ -272,9 +273,15 @@ def digit_credit(answer_text: str, record: dict[str, Any], answer_key: str = "an
     >>> digit_credit("3711", {"answer": "3711"}), digit_credit("3719", {"answer": "3711"}), digit_credit("", {"answer": "3711"})
     (1.0, 0.375, 0.0)
     """
-    if score_batch(MathVerifyReward(answer_key=answer_key), [answer_text], [record])[0] == 1.0:
+    if score_batch(_math_reward(answer_key), [answer_text], [record])[0] == 1.0:
         return 1.0
     return 0.5 * _position_match(answer_text, str(record[answer_key]))
+
+
+@functools.cache
+def _math_reward(answer_key: str) -> MathVerifyReward:
+    """One math reward per answer key and process: environments built per episode share its cache."""
+    return MathVerifyReward(answer_key=answer_key)
 
 
 def _position_match(answer_text: str, reference: str) -> float:

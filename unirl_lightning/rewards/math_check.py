@@ -10,8 +10,9 @@ Why a process: ``math_verify`` bounds its work with ``signal.alarm``, which work
 process's main thread, and says that elsewhere the caller must bound it. Some short completions
 need that bound: ``8888** 8** 8`` against ``5`` makes sympy build ``8888**(8**8)``, two minutes
 of work. On the main thread the check runs in place under the alarm. On any other thread (a
-threaded Ray actor, a thread pool) the pairs go to one long-lived child interpreter
-(running :func:`main`) that runs the same check on *its* main thread;
+threaded Ray actor, a thread pool) the pairs go to one long-lived child interpreter per process
+(running :func:`main`; shared by every checker with the same timeout) that runs the same check on
+*its* main thread;
 if it ever misses its deadline, it is killed, the pair counts as a timeout and a fresh child takes
 the rest. ``timeout_seconds=None`` (or 0) disables the bound everywhere, as in ``math_verify``.
 
@@ -84,7 +85,7 @@ class AnswerChecker:
         timeout_seconds: Bound on each parse and each comparison; ``None`` or ``0`` disables it.
         cache_size: Verdicts kept (least recently used dropped first).
 
-    Thread-safe. Picklable (a Ray actor's reward): the child process and the cache are not sent.
+    Thread-safe. Picklable (a Ray actor's reward): the cache is not sent.
     """
 
     def __init__(self, timeout_seconds: int | None = 5, cache_size: int = 16384) -> None:
@@ -100,10 +101,9 @@ class AnswerChecker:
     def _reset(self) -> None:
         self._cache: collections.OrderedDict[tuple[str, str], bool] = collections.OrderedDict()
         self._lock = threading.Lock()
-        self._child: subprocess.Popen | None = None
 
     def __getstate__(self) -> dict:
-        return {k: v for k, v in self.__dict__.items() if k not in ("_cache", "_lock", "_child")}
+        return {k: v for k, v in self.__dict__.items() if k not in ("_cache", "_lock")}
 
     def __setstate__(self, state: dict) -> None:
         self.__dict__.update(state)
@@ -143,49 +143,74 @@ class AnswerChecker:
         return [verdict for verdict, _ in results]
 
     def _remote(self, pairs: list[tuple[str, str]]) -> list[tuple[bool, int]]:
-        deadline = _CHECKS_PER_PAIR * self.timeout_seconds + _SLACK_S
+        return _Child.shared(self.timeout_seconds).check(pairs)
+
+    def close(self) -> None:
+        """Stop the child process this checker's timeout uses, if one runs (a later check starts
+        another). It is shared by every checker of this process with the same timeout."""
+        _Child.shared(self.timeout_seconds).close()
+
+
+class _Child:
+    """The child interpreter that checks pairs off the main thread: one per process and timeout,
+    shared by every :class:`AnswerChecker` (a reward built per call costs no new process)."""
+
+    _instances: dict[int | None, _Child] = {}
+    _instances_lock = threading.Lock()
+
+    @classmethod
+    def shared(cls, timeout: int | None) -> _Child:
+        with cls._instances_lock:
+            if timeout not in cls._instances:
+                cls._instances[timeout] = cls(timeout)
+            return cls._instances[timeout]
+
+    def __init__(self, timeout: int | None) -> None:
+        self.timeout = timeout
+        self.lock = threading.Lock()
+        self.process: subprocess.Popen | None = None
+
+    def check(self, pairs: list[tuple[str, str]]) -> list[tuple[bool, int]]:
+        deadline = _CHECKS_PER_PAIR * (self.timeout or 0) + _SLACK_S
         results: list[tuple[bool, int]] = []
-        for reference, answer in pairs:
-            started = self._child is None or self._child.poll() is not None
-            if started:
-                self._start()
-            line = json.dumps([reference, answer]) + "\n"
-            try:
-                self._child.stdin.write(line.encode())
-                self._child.stdin.flush()
-                reply = _read_line(self._child, deadline + (_START_S if started else 0.0))
-            except (BrokenPipeError, OSError):
-                reply = None
-            if reply is None:  # stuck past every alarm, or dead: a fresh child takes the rest
-                self.close()
-                results.append((False, 1))
-                continue
-            verdict, timeouts = json.loads(reply)
-            results.append((bool(verdict), int(timeouts)))
+        with self.lock:
+            for reference, answer in pairs:
+                started = self.process is None or self.process.poll() is not None
+                if started:
+                    self._start()
+                try:
+                    self.process.stdin.write((json.dumps([reference, answer]) + "\n").encode())
+                    self.process.stdin.flush()
+                    reply = _read_line(self.process, deadline + (_START_S if started else 0.0))
+                except (BrokenPipeError, OSError):
+                    reply = None
+                if reply is None:  # stuck past every alarm, or dead: a fresh child takes the rest
+                    self._kill()
+                    results.append((False, 1))
+                    continue
+                verdict, timeouts = json.loads(reply)
+                results.append((bool(verdict), int(timeouts)))
         return results
 
     def _start(self) -> None:
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(p for p in (_PACKAGE_ROOT, env.get("PYTHONPATH")) if p)
-        self._child = subprocess.Popen(
-            [sys.executable, "-c", _CHILD, str(self.timeout_seconds)],
+        self.process = subprocess.Popen(
+            [sys.executable, "-c", _CHILD, str(self.timeout)],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             env=env,
         )
 
-    def close(self) -> None:
-        """Stop the child process, if one runs (a later check starts another)."""
-        child, self._child = self._child, None
-        if child is not None and child.poll() is None:
-            child.kill()
-            child.wait()
+    def _kill(self) -> None:
+        process, self.process = self.process, None
+        if process is not None and process.poll() is None:
+            process.kill()
+            process.wait()
 
-    def __del__(self) -> None:
-        try:
-            self.close()
-        except Exception:
-            pass
+    def close(self) -> None:
+        with self.lock:
+            self._kill()
 
 
 def _read_line(child: subprocess.Popen, seconds: float) -> bytes | None:
