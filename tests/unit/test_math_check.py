@@ -74,7 +74,7 @@ def test_a_repeated_pair_is_checked_once_within_a_batch_and_across_batches():
 def test_the_cache_is_bounded_least_recently_used_first():
     checker = AnswerChecker(cache_size=2)
     checker.check([("1", "1"), ("2", "2"), ("3", "3")])
-    assert list(checker._cache) == [("2", "2"), ("3", "3")]
+    assert list(checker._cache) == [math_check._key(("2", "2")), math_check._key(("3", "3"))]
 
 
 def test_a_dead_child_is_replaced_and_a_stuck_one_is_killed_and_counted(monkeypatch):

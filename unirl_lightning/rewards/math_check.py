@@ -25,6 +25,7 @@ Example::
 from __future__ import annotations
 
 import collections
+import hashlib
 import json
 import logging
 import os
@@ -99,7 +100,7 @@ class AnswerChecker:
         self._reset()
 
     def _reset(self) -> None:
-        self._cache: collections.OrderedDict[tuple[str, str], bool] = collections.OrderedDict()
+        self._cache: collections.OrderedDict[bytes, bool] = collections.OrderedDict()
         self._lock = threading.Lock()
 
     def __getstate__(self) -> dict:
@@ -111,15 +112,16 @@ class AnswerChecker:
 
     def check(self, pairs: Sequence[tuple[str, str]]) -> list[bool]:
         """One verdict per ``(reference, answer)`` pair."""
+        keys = [_key(pair) for pair in pairs]  # digests: long completions do not fill memory
         with self._lock:
-            verdicts = [self._cache.get(pair) for pair in pairs]
-            todo = list(dict.fromkeys(p for p, v in zip(pairs, verdicts) if v is None))
+            verdicts = [self._cache.get(key) for key in keys]
+            todo = list(dict.fromkeys((k, p) for k, p, v in zip(keys, pairs, verdicts) if v is None))
             if todo:
-                found = dict(zip(todo, self._check(todo)))
-                verdicts = [found[p] if v is None else v for p, v in zip(pairs, verdicts)]
-            for pair, verdict in zip(pairs, verdicts):
-                self._cache[pair] = verdict
-                self._cache.move_to_end(pair)
+                found = dict(zip((k for k, _ in todo), self._check([p for _, p in todo])))
+                verdicts = [found[k] if v is None else v for k, v in zip(keys, verdicts)]
+            for key, verdict in zip(keys, verdicts):
+                self._cache[key] = verdict
+                self._cache.move_to_end(key)
             while len(self._cache) > self.cache_size:
                 self._cache.popitem(last=False)
         return verdicts
@@ -211,6 +213,12 @@ class _Child:
     def close(self) -> None:
         with self.lock:
             self._kill()
+
+
+def _key(pair: tuple[str, str]) -> bytes:
+    """A pair's cache key: a digest of both texts."""
+    reference, answer = pair
+    return hashlib.blake2b(f"{len(reference)}:{reference}{answer}".encode(), digest_size=16).digest()
 
 
 def _read_line(child: subprocess.Popen, seconds: float) -> bytes | None:
