@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Sequence
 from dataclasses import replace
@@ -34,7 +35,13 @@ def mean_pass_at_k(counts: Sequence[tuple[int, int]], k: int) -> float:
     return sum(pass_at_k(n, c, k) for n, c in counts) / len(counts)
 
 
-_MAJORITY_CHECKER: Any = None  # one AnswerChecker per process: its cache outlives an evaluation
+@functools.cache
+def _majority_checker() -> Any:
+    """One :class:`~unirl_lightning.rewards.math_check.AnswerChecker` per process: its cache
+    outlives an evaluation."""
+    from unirl_lightning.rewards.math_check import AnswerChecker
+
+    return AnswerChecker(timeout_seconds=5)
 
 
 def majority_correct(completions: Sequence[str], gold: str) -> bool:
@@ -43,12 +50,7 @@ def majority_correct(completions: Sequence[str], gold: str) -> bool:
     itself, so one with no parsable answer does not; a tie goes to the answer given first) is
     checked against ``gold`` with ``math_verify``. No vote at all counts as wrong. Every check is
     bounded by 5 s on any thread (:class:`~unirl_lightning.rewards.math_check.AnswerChecker`)."""
-    global _MAJORITY_CHECKER
-    if _MAJORITY_CHECKER is None:
-        from unirl_lightning.rewards.math_check import AnswerChecker
-
-        _MAJORITY_CHECKER = AnswerChecker(timeout_seconds=5)
-    check = _MAJORITY_CHECKER.check
+    check = _majority_checker().check
     votes: list[list[Any]] = []  # [an answer's first text, how many completions gave it]
     for text, checkable in zip(completions, check([(text, text) for text in completions])):
         if not checkable:

@@ -12,9 +12,8 @@ need that bound: ``8888** 8** 8`` against ``5`` makes sympy build ``8888**(8**8)
 of work. On the main thread the check runs in place under the alarm. On any other thread (a
 threaded Ray actor, a thread pool) the pairs go to one long-lived child interpreter per process
 (running :func:`main`; shared by every checker with the same timeout) that runs the same check on
-*its* main thread;
-if it ever misses its deadline, it is killed, the pair counts as a timeout and a fresh child takes
-the rest. ``timeout_seconds=None`` (or 0) disables the bound everywhere, as in ``math_verify``.
+*its* main thread; if it ever misses its deadline, it is killed, the pair counts as a timeout and a
+fresh child takes the rest. ``timeout_seconds=None`` (or 0) disables the bound everywhere, as in ``math_verify``.
 
 Example::
 
@@ -25,6 +24,7 @@ Example::
 from __future__ import annotations
 
 import collections
+import functools
 import hashlib
 import json
 import logging
@@ -54,14 +54,14 @@ def check_pair(reference: str, answer: str, timeout: int | None) -> tuple[bool, 
     timeout makes that comparison ``False``, as there."""
     from itertools import product
 
-    from math_verify import parse, verify
+    from math_verify import verify
     from math_verify.errors import TimeoutException
 
     timeouts = 0
     parsed = []
     for text in (reference, answer):
         try:
-            parsed.append(parse(text, parsing_timeout=timeout, raise_on_error=True))
+            parsed.append(_parse(text, timeout))
         except TimeoutException:
             timeouts += 1
             parsed.append([])
@@ -77,6 +77,15 @@ def check_pair(reference: str, answer: str, timeout: int | None) -> tuple[bool, 
         except Exception:
             pass
     return False, timeouts
+
+
+@functools.lru_cache(maxsize=8192)
+def _parse(text: str, timeout: int | None) -> list:
+    """``math_verify.parse``, memoised (a group repeats its reference, a vote re-reads its answers);
+    a parse that raises, a timeout included, is not remembered."""
+    from math_verify import parse
+
+    return parse(text, parsing_timeout=timeout, raise_on_error=True)
 
 
 class AnswerChecker:

@@ -157,9 +157,7 @@ class RolloutLoop:
         self.blocked_s = 0.0  # time the trainer waited on generation since the last batch
         self.generate_s = 0.0  # generation time of the jobs reaped since the last batch
         self.score_s = 0.0  # reward time of the jobs reaped since the last batch
-        self.reward_timeouts = (
-            0  # reward checks given up on (rollout/reward_timeouts, since the start or resume)
-        )
+        self.reward_timeouts = 0  # reward checks given up on since the start or resume
         self.groups_per_step: int | None = None
         self.occupancy = OccupancyMeter()  # the engines' active rows / slots (rollout/engine_occupancy)
         # an optional span recorder (``unirl_lightning.core.timeline.Timeline``: ``span(name, start, end,
