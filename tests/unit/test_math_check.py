@@ -42,6 +42,19 @@ def test_verdicts_are_math_verifys_on_the_main_thread_and_off_it():
         checker.close()
 
 
+def test_a_text_against_itself_is_parsed_not_compared(monkeypatch):
+    import math_verify  # check_pair imports verify from it per call: patched there
+
+    compared = []
+
+    verify = math_verify.verify
+    monkeypatch.setattr(math_verify, "verify", lambda *a, **k: compared.append(a) or verify(*a, **k))
+    texts = ["\\boxed{7}", "no answer", SLOW]
+    assert AnswerChecker(timeout_seconds=1).check([(t, t) for t in texts]) == [True, False, True]
+    assert compared == []  # the slow one answers at once: no comparison ran
+    assert AnswerChecker().check([("7", "\\boxed{7}")]) == [True] and len(compared) >= 1
+
+
 def test_a_pathological_completion_times_out_on_the_main_thread_scores_incorrect_and_is_logged(caplog):
     reward = MathVerifyReward(timeout_seconds=1)
     start = time.monotonic()

@@ -76,3 +76,41 @@ def test_eval_prompts_from_a_file_with_other_column_names_use_prompt_key_and_the
     )
     records = callback._held_out(SimpleNamespace(datamodule=None))
     assert [(r["prompt"], r["answer"]) for r in records] == [("0+1=", "1"), ("1+1=", "2")]
+
+
+def test_evaluation_logs_the_answer_checks_it_gave_up_on_only_once_one_happened(monkeypatch):
+    pytest.importorskip("math_verify")
+    from unirl_lightning.callbacks import eval as eval_module
+    from unirl_lightning.core.timeline import Timeline
+    from unirl_lightning.rewards.math_check import AnswerChecker
+
+    slow = "8888** 8** 8"  # parses at once; comparing it with 5 builds 8888**(8**8) in sympy
+    monkeypatch.setattr(
+        eval_module, "_majority_checker", lambda checker=AnswerChecker(timeout_seconds=1): checker
+    )
+    texts = iter([["5", "5"], [slow, "5"]])
+    runtime = SimpleNamespace(eval_reward_timeouts=0, timeline=Timeline(rank=0))
+
+    def evaluate(records, sampling, n, seed):
+        return [
+            [SimpleNamespace(reward=float(t == "5"), text=t, reward_parts={}) for t in next(texts)]
+            for _ in records
+        ]
+
+    logged = []
+    callback = RolloutEvalCallback(num_prompts=1, num_generations=2, answer_key="answer", pass_k=[])
+    callback.strategy = SimpleNamespace(
+        runtime=runtime, evaluate=evaluate, weight_version=0, pushed_step=0, rl_steps=0
+    )
+    callback.sampling = eval_module.SamplingParams()
+    callback._records = [{"prompt": "p", "answer": "5"}]
+    logger = SimpleNamespace(log_metrics=lambda metrics, step: logged.append(metrics))
+    trainer = SimpleNamespace(is_global_zero=True, loggers=[logger], global_step=0)
+    first = callback.evaluate(trainer, None)
+    assert first["eval/maj@2"] == 1.0 and "eval/reward_timeouts" not in first
+    runtime.eval_reward_timeouts = 1  # the workers' scoring gave up once
+    second = callback.evaluate(trainer, None)
+    # the slow answer votes first (a text is parsed, not compared, against itself); "5" against it
+    # and then the reference against it run out: two more, and the tie goes to the slow one: wrong
+    assert second["eval/maj@2"] == 0.0 and callback.vote_timeouts == 2
+    assert second["eval/reward_timeouts"] == 3.0 and logged[-1] is second

@@ -46,8 +46,8 @@ def _majority_checker() -> Any:
 
 def majority_correct(completions: Sequence[str], gold: str) -> bool:
     """maj@n of one prompt: the answer most completions give (two answers are the same when
-    ``math_verify`` says so; a completion votes when ``math_verify`` can check its answer against
-    itself, so one with no parsable answer does not; a tie goes to the answer given first) is
+    ``math_verify`` says so; a completion votes when ``math_verify`` extracts an answer from it
+    (its check against itself, a parse only), so one with no parsable answer does not; a tie goes to the answer given first) is
     checked against ``gold`` with ``math_verify``. No vote at all counts as wrong. Every check is
     bounded by 5 s on any thread (:class:`~unirl_lightning.rewards.math_check.AnswerChecker`)."""
     check = _majority_checker().check
@@ -102,7 +102,9 @@ class RolloutEvalCallback(RolloutCallback):
     ``k = num_generations`` and each ``k`` of ``pass_k``, ``eval/mean@n`` (the mean fraction of
     correct samples, ``n = num_generations``) and, for token policies whose records carry the
     answer (``answer_key``; math-verify installed), ``eval/maj@n`` (the majority answer math-verify
-    extracts, checked against the reference). Prompts come from the datamodule's
+    extracts, checked against the reference). ``eval/reward_timeouts`` (once one happened): the
+    answer checks the evaluations' scoring and maj@n gave up on since the start, each scored wrong.
+    Prompts come from the datamodule's
     ``val_records()`` unless ``prompts`` (a file or built-in task name) is given. For an agentic
     module every sample is a whole episode (every turn, scored by the environment) played on the
     workers beside a live training drive.
@@ -168,6 +170,7 @@ class RolloutEvalCallback(RolloutCallback):
         self.validated: dict[str, float] | None = None
         self.history: list[dict[str, float]] = []
         self.last_groups: list[list[Any]] | None = None
+        self.vote_timeouts = 0  # maj@n's answer checks that ran out
         self._records: list[dict[str, Any]] | None = None
 
     def _held_out(self, trainer: Any) -> list[dict[str, Any]]:
@@ -224,6 +227,9 @@ class RolloutEvalCallback(RolloutCallback):
         }
         metrics.update(reward_part_means([r for g in groups for r in g], prefix="eval/reward/"))
         metrics.update(self._group_metrics(groups, records))
+        timeouts = strategy.runtime.eval_reward_timeouts + self.vote_timeouts
+        if timeouts:  # answer checks evaluation gave up on (scored wrong), since the start
+            metrics["eval/reward_timeouts"] = float(timeouts)
         self.history.append({"step": float(strategy.rl_steps), **metrics})
         for logger in trainer.loggers:
             logger.log_metrics(metrics, step=trainer.global_step)
@@ -236,7 +242,10 @@ class RolloutEvalCallback(RolloutCallback):
                 import math_verify  # noqa: F401
             except ImportError:
                 answer_key = None
-        return group_metrics(groups, records, self.accuracy_threshold, self.pass_k, answer_key)
+        before = _majority_checker().timeouts  # shared by the process: this callback's share
+        metrics = group_metrics(groups, records, self.accuracy_threshold, self.pass_k, answer_key)
+        self.vote_timeouts += _majority_checker().timeouts - before
+        return metrics
 
     def on_fit_start(self, trainer: Any, pl_module: Any) -> None:
         if self.validate_only:  # the workers hold the module's weights, pushed at the strategy's setup

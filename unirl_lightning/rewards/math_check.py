@@ -51,7 +51,8 @@ def check_pair(reference: str, answer: str, timeout: int | None) -> tuple[bool, 
     """``math_verify`` on one pair in this thread: ``(verdict, timeouts)``. ``timeout`` is passed to
     ``math_verify`` as is (``signal.alarm``: main thread only). Each (reference, answer)
     extraction pair is compared on its own, as ``math_verify.verify`` does; an error other than a
-    timeout makes that comparison ``False``, as there."""
+    timeout makes that comparison ``False``, as there. A text checked against itself is parsed once
+    and not compared: its verdict is whether it holds an answer ``math_verify`` can extract."""
     from itertools import product
 
     from math_verify import verify
@@ -59,7 +60,7 @@ def check_pair(reference: str, answer: str, timeout: int | None) -> tuple[bool, 
 
     timeouts = 0
     parsed = []
-    for text in (reference, answer):
+    for text in (reference,) if answer == reference else (reference, answer):
         try:
             parsed.append(_parse(text, timeout))
         except TimeoutException:
@@ -67,6 +68,8 @@ def check_pair(reference: str, answer: str, timeout: int | None) -> tuple[bool, 
             parsed.append([])
         except Exception:
             parsed.append([])
+    if answer == reference:  # a text against itself: whether it holds an answer (no comparison)
+        return bool(parsed[0]), timeouts
     gold, prediction = parsed
     for g, t in product(gold, prediction):
         try:

@@ -94,6 +94,7 @@ class RolloutRuntime:
         self._state: dict[str, Any] = dict(state or {})  # a checkpoint's, applied when the loop is built
         self.timeline = Timeline(rank=settings.rank)  # this rank's spans (the loop and sync record them)
         self._offloaded: OffloadedState = []  # optimizer state on the host while colocated engines wake
+        self.eval_reward_timeouts = 0  # answer checks evaluation's scoring gave up on, since start
 
     # -- checks before anything starts ------------------------------------------------------------
     def check(self) -> None:

@@ -132,7 +132,9 @@ class BatchRuntime(RolloutRuntime):
 
     def evaluate(self, records: list[dict[str, Any]], sampling: Any, n: int, seed: int) -> list[list[Any]]:
         request = RolloutRequest(records=records, n=n, sampling=sampling, seed=seed, gen_id=-1)
-        return self.workers.generate(request).result().groups
+        result = self.workers.generate(request).result()
+        self.eval_reward_timeouts += result.reward_timeouts
+        return result.groups
 
     def shutdown(self) -> None:
         super().shutdown()
