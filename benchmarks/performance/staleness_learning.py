@@ -1,7 +1,7 @@
 """What does staleness cost learning? Sync against ``max_staleness`` 1, 2 and 4 with decoupled PPO.
 
     python -m benchmarks.performance.staleness_learning [--seeds 0 1 2 3 4] [--modes sync stale1 ...]
-        [--recipe tiny|streaming|hybrid|dataset] [--max-new-tokens 2] [--max-steps N] [--mini-batches 1]
+        [--recipe tiny|streaming|hybrid|dataset|guessing|reward_model] [--max-new-tokens 2] [--max-steps N] [--mini-batches 1]
         [--lr 0.003] [--out staleness_learning]
 
 Each run is ``unirl-lightning fit --config examples/grpo_tiny.yaml`` (held-out accuracy on 64 disjoint
@@ -23,7 +23,10 @@ draining), with the engine's calls and rows scaled to the mode's window: ``concu
 ``--recipe hybrid`` (``grpo_tiny_hybrid.yaml``: the engine in the training process, no Ray; sync
 only, so ``--modes sync``) and ``--recipe dataset`` (``grpo_tiny_dataset.yaml``: the task from a
 dataset folder, TRL-style reward functions; ``stale1_rollout`` is the recipe as shipped) check a
-rate on the other tiny recipes.
+rate on the other tiny recipes, as do ``--recipe guessing`` (``agentic_guessing_tiny.yaml``: held-out
+games won every 100 of 300 steps) and ``--recipe reward_model`` (``grpo_tiny_reward_model.yaml``: no
+held-out evaluation; its math-verify part of the training reward over the last 20 steps is the
+figure), each with ``--modes stale1_rollout`` (as shipped).
 
 ``--max-new-tokens`` lengthens completions (the recipe's 2 tokens end every sample at once; a longer
 budget gives the untrained policy long, uneven samples: the long-tail case). ``--mini-batches K`` cuts
@@ -53,6 +56,8 @@ RECIPES = {
     "streaming": "grpo_tiny_streaming.yaml",
     "hybrid": "grpo_tiny_hybrid.yaml",
     "dataset": "grpo_tiny_dataset.yaml",
+    "guessing": "agentic_guessing_tiny.yaml",
+    "reward_model": "grpo_tiny_reward_model.yaml",
 }
 GROUPS, SAMPLES = 16, 8  # every recipe's batch_size and num_generations
 DECOUPLED = {"model.init_args.old_logprob": "recompute", "model.init_args.tis_cap": "2.0"}
@@ -100,11 +105,12 @@ def one_run(mode: str, seed: int, config: dict[str, Any], root: Path) -> dict[st
         sys.executable, "-m", "unirl_lightning.cli", "fit",
         "--config", str(common.REPO / "examples" / RECIPES[config["recipe"]]),
         "--seed_everything", str(seed),
-        f"--model.init_args.max_new_tokens={config['max_new_tokens']}",
         f"--trainer.logger.init_args.save_dir={root}", f"--trainer.logger.init_args.name={name}",
         f"--trainer.default_root_dir={root}", "--trainer.enable_progress_bar=false",
         *overrides(mode, config["recipe"]),
     ]  # fmt: skip
+    if config["max_new_tokens"] is not None:
+        command.append(f"--model.init_args.max_new_tokens={config['max_new_tokens']}")
     if config["max_steps"] is not None:
         command.append(f"--trainer.max_steps={config['max_steps']}")
     if config.get("mini_batches") is not None:
@@ -120,14 +126,17 @@ def one_run(mode: str, seed: int, config: dict[str, Any], root: Path) -> dict[st
     events = read_events(root / name)
     first = min(wall for values in events.values() for _, _, wall in values)
     stale = [v for _, v, _ in events.get("rollout/token_staleness/0", [])]
+    math = events.get("rollout/reward/math_verify_mean", [])
     return {
         "mode": mode,
         "seed": seed,
         "heldout": [
-            [step, round(value, 4), round(wall - first, 1)] for step, value, wall in events["eval/accuracy"]
+            [step, round(value, 4), round(wall - first, 1)]
+            for step, value, wall in events.get("eval/accuracy", [])
         ],
         "stale_token_fraction": 1.0 - statistics.fmean(stale) if stale else None,
         "reward_mean_last20": statistics.fmean(v for _, v, _ in events["rollout/reward_mean"][-20:]),
+        "math_reward_last20": statistics.fmean(v for _, v, _ in math[-20:]) if math else None,
         "wall_s": round(time.perf_counter() - started, 1),
     }
 
@@ -144,11 +153,14 @@ def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
             return [point[field] for r in runs_of_mode for point in r["heldout"] if point[0] == step]
 
         stale = [r["stale_token_fraction"] for r in mine if r["stale_token_fraction"] is not None]
+        math = [r["math_reward_last20"] for r in mine if r.get("math_reward_last20") is not None]
         summary[mode] = {
             "seeds": [r["seed"] for r in mine],
             "heldout": {str(step): stats.spread(at(step, 1)) for step in steps},
             "seconds": {str(step): statistics.median(at(step, 2)) for step in steps},
             "stale_token_fraction": statistics.median(stale) if stale else None,
+            "reward_last20": stats.spread([r["reward_mean_last20"] for r in mine]),
+            "math_reward_last20": stats.spread(math) if math else None,
             "wall_s": statistics.median(r["wall_s"] for r in mine),
         }
     return summary
@@ -161,8 +173,12 @@ def print_table(summary: dict[str, Any]) -> None:
             for step, s in row["heldout"].items()
         )
         stale = row["stale_token_fraction"]
+        math = row.get("math_reward_last20")
         print(
-            f"{mode:<15} held-out at step (s): {cells}; stale tokens {stale if stale is None else round(stale, 2)}"
+            f"{mode:<15} held-out at step (s): {cells or '-'}; stale tokens "
+            f"{stale if stale is None else round(stale, 2)}; training reward, last 20 steps "
+            f"{row['reward_last20']['median']:.3f}"
+            + (f"; math-verify part {math['median']:.3f} ({math['min']:.3f}-{math['max']:.3f})" if math else "")
         )
 
 
@@ -171,7 +187,7 @@ def main() -> None:
     parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2, 3, 4])
     parser.add_argument("--modes", nargs="+", choices=list(MODES), default=list(MODES))
     parser.add_argument("--recipe", choices=list(RECIPES), default="tiny", help="examples/grpo_tiny*.yaml")
-    parser.add_argument("--max-new-tokens", type=int, default=2, help="the recipe's is 2")
+    parser.add_argument("--max-new-tokens", type=int, default=None, help="default: the recipe's (2; 1 a turn)")
     parser.add_argument("--max-steps", type=int, default=None, help="default: the recipe's")
     parser.add_argument(
         "--mini-batches", type=int, default=None, help="optimizer steps per batch (default: the recipe's, 1)"
