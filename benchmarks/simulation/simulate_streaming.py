@@ -102,6 +102,12 @@ def parser() -> Any:
         default=0.0,
         help="seconds of verl's colocated gen timer not decoding (wake-up, weight load, sleep): unpublished",
     )
+    p.add_argument(
+        "--verl-fit",
+        default="all",
+        choices=("all", "fixed"),
+        help="the verl calibration's factor: on every engine cost, or on the fixed cost per decode step alone",
+    )
     p.add_argument("--verl-steps", type=int, default=8)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument(
@@ -138,7 +144,7 @@ def main() -> None:
             )
         for name, s in rep["sensitivity"].items():
             mfu = f", implied update MFU {s['implied_update_mfu']:.0%}" if "implied_update_mfu" in s else ""
-            print(f"  async step, {name}: {s['step']:.1f} s ({s['error']:+.0%}){mfu}")
+            print(f"  async step, {name}: {s['step']:.1f} s ({s['error']:+.0%}), wait {s['wait']:.1f} s{mfu}")
         verl_report(rep)
     if "here" in args.parts:
         record["here"] = print_here(calibrate_here(args.seed))

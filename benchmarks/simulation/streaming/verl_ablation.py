@@ -138,19 +138,25 @@ def length_grid(args: Any) -> list[dict[str, Any]]:
 
 def checks(args: Any, cfg: SimpleNamespace) -> dict[str, Any]:
     """Every check of this module on the calibrated ``cfg`` (``args``: the calibration's), and the
-    ablation again with :data:`OVERHEAD_S` of the sync gen timer not decoding (a new calibration)."""
-    _, with_overhead = calibrate(SimpleNamespace(**{**vars(args), "verl_sync_gen_overhead": OVERHEAD_S}))
-    rows = ablation(with_overhead)
+    ablation again under two other calibrations: with :data:`OVERHEAD_S` of the sync gen timer not
+    decoding, and with the fixed cost per decode step alone fitted (``--verl-fit fixed``)."""
+    variants = {}
+    for name, over in (
+        ("sync_gen_overhead", {"verl_sync_gen_overhead": OVERHEAD_S}),
+        ("fixed_fit", {"verl_fit": "fixed"}),
+    ):
+        rows = ablation(calibrate(SimpleNamespace(**{**vars(args), **over}))[1])
+        variants[f"ablation_with_{name}"] = {
+            **over,
+            "wait_errors": [row["gen"]["error"] for row in rows],
+            "shape_errors": [row["gen_over_gen_at_0.5"]["error"] for row in rows],
+        }
     return {
         "staleness_ablation": ablation(cfg),
         "length_grid": length_grid(args),
         "sync_rows": sync_rows(cfg),
         "run_windows": run_windows(),
-        "ablation_with_sync_gen_overhead": {
-            "overhead_s": OVERHEAD_S,
-            "wait_errors": [row["gen"]["error"] for row in rows],
-            "shape_errors": [row["gen_over_gen_at_0.5"]["error"] for row in rows],
-        },
+        **variants,
     }
 
 
@@ -170,12 +176,13 @@ def report(rep: dict[str, Any]) -> None:
             f"  lengths sigma {p['sigma']} median {p['median_len']}: shape error {shape}, at 0.5 step"
             f" {p['step_error_at_0.5']:+.0%} wait {p['gen_error_at_0.5']:+.0%}, update MFU {p['implied_update_mfu']:.0%}"
         )
-    overhead = rep["ablation_with_sync_gen_overhead"]
-    waits = ", ".join(f"{e:+.0%}" for e in overhead["wait_errors"])
-    shape = ", ".join("-" if e is None else f"{e:+.0%}" for e in overhead["shape_errors"])
-    print(
-        f"  {overhead['overhead_s']:.0f} s of the sync gen timer not decoding: waits {waits}, shape {shape}"
-    )
+    for key, label in (
+        ("ablation_with_sync_gen_overhead", f"{OVERHEAD_S:.0f} s of the sync gen timer not decoding"),
+        ("ablation_with_fixed_fit", "the fixed step cost alone fitted"),
+    ):
+        waits = ", ".join(f"{e:+.0%}" for e in rep[key]["wait_errors"])
+        shape = ", ".join("-" if e is None else f"{e:+.0%}" for e in rep[key]["shape_errors"])
+        print(f"  {label}: waits {waits}, shape {shape}")
     for row in rep["sync_rows"]:
         cells = ", ".join(
             f"{k} {row[k]['published']:.1f} / {row[k]['simulated']:.1f} ({row[k]['error']:+.0%})"
