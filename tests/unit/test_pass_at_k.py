@@ -85,9 +85,8 @@ def test_evaluation_logs_the_answer_checks_it_gave_up_on_only_once_one_happened(
     from unirl_lightning.rewards.math_check import AnswerChecker
 
     slow = "8888** 8** 8"  # parses at once; comparing it with 5 builds 8888**(8**8) in sympy
-    monkeypatch.setattr(
-        eval_module, "_majority_checker", lambda checker=AnswerChecker(timeout_seconds=1): checker
-    )
+    checker = AnswerChecker(timeout_seconds=1)
+    monkeypatch.setattr(eval_module, "_majority_checker", lambda: checker)
     texts = iter([["5", "5"], [slow, "5"]])
     runtime = SimpleNamespace(eval_reward_timeouts=0, timeline=Timeline(rank=0))
 
