@@ -178,7 +178,11 @@ def print_table(summary: dict[str, Any]) -> None:
             f"{mode:<15} held-out at step (s): {cells or '-'}; stale tokens "
             f"{stale if stale is None else round(stale, 2)}; training reward, last 20 steps "
             f"{row['reward_last20']['median']:.3f}"
-            + (f"; math-verify part {math['median']:.3f} ({math['min']:.3f}-{math['max']:.3f})" if math else "")
+            + (
+                f"; math-verify part {math['median']:.3f} ({math['min']:.3f}-{math['max']:.3f})"
+                if math
+                else ""
+            )
         )
 
 
@@ -187,7 +191,9 @@ def main() -> None:
     parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2, 3, 4])
     parser.add_argument("--modes", nargs="+", choices=list(MODES), default=list(MODES))
     parser.add_argument("--recipe", choices=list(RECIPES), default="tiny", help="examples/grpo_tiny*.yaml")
-    parser.add_argument("--max-new-tokens", type=int, default=None, help="default: the recipe's (2; 1 a turn)")
+    parser.add_argument(
+        "--max-new-tokens", type=int, default=None, help="default: the recipe's (2; 1 a turn)"
+    )
     parser.add_argument("--max-steps", type=int, default=None, help="default: the recipe's")
     parser.add_argument(
         "--mini-batches", type=int, default=None, help="optimizer steps per batch (default: the recipe's, 1)"
