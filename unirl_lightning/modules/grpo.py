@@ -57,7 +57,7 @@ class GRPOModule(CausalLMModule):
     Example::
 
         module = GRPOModule(policy=TinyCausalLM(), reward=ExactMatchReward(), num_generations=8,
-                            max_new_tokens=2, lr=3e-3)
+                            max_new_tokens=2, lr=7.5e-4)
     """
 
     def __init__(
