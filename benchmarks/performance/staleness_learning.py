@@ -24,9 +24,10 @@ draining), with the engine's calls and rows scaled to the mode's window: ``concu
 only, so ``--modes sync``) and ``--recipe dataset`` (``grpo_tiny_dataset.yaml``: the task from a
 dataset folder, TRL-style reward functions; ``stale1_rollout`` is the recipe as shipped) check a
 rate on the other tiny recipes, as do ``--recipe guessing`` (``agentic_guessing_tiny.yaml``: held-out
-games won every 100 of 300 steps) and ``--recipe reward_model`` (``grpo_tiny_reward_model.yaml``: no
-held-out evaluation; its math-verify part of the training reward over the last 20 steps is the
-figure), each with ``--modes stale1_rollout`` (as shipped).
+games won every 100 of 300 steps) and ``--recipe reward_model`` (``grpo_tiny_reward_model.yaml``:
+held-out accuracy every 20 steps, and the math-verify part of the training reward over the last 20
+steps, which tells whether the task or the reward model was learned), each with ``--modes
+stale1_rollout`` (as shipped).
 
 ``--max-new-tokens`` lengthens completions (the recipe's 2 tokens end every sample at once; a longer
 budget gives the untrained policy long, uneven samples: the long-tail case). ``--mini-batches K`` cuts
