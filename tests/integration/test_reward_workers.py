@@ -175,10 +175,14 @@ def test_the_tiny_recipe_trains_with_its_reward_model_on_a_reward_worker(tmp_pat
 
 @pytest.mark.slow
 @pytest.mark.timeout(300)
-def test_the_reward_model_recipe_runs_from_the_cli_with_its_reward_worker(tmp_path):
+def test_the_reward_model_recipe_learns_its_task_from_the_cli_with_its_reward_worker(tmp_path):
+    """As shipped (120 steps): the task is learned, not the random reward model. With GRPO's
+    std-normalised advantages the reward model's noise set every all-wrong group's advantages and the
+    math-verify part fell toward 0; with dr_grpo and the model at 0.01, 5 seeds reached held-out 1.00
+    at step 120 with a math-verify part of 0.59-0.74 over the last 20 steps."""
     recipe = ROOT / "examples" / "grpo_tiny_reward_model.yaml"
     command = [
-        sys.executable, "-m", "unirl_lightning.cli", "fit", "--config", str(recipe), "--trainer.max_steps", "2",
+        sys.executable, "-m", "unirl_lightning.cli", "fit", "--config", str(recipe),
         "--trainer.enable_progress_bar", "false", "--trainer.logger.init_args.save_dir", str(tmp_path / "runs"),
     ]  # fmt: skip
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
@@ -192,4 +196,7 @@ def test_the_reward_model_recipe_runs_from_the_cli_with_its_reward_worker(tmp_pa
 
     scalars = read_scalars(run)
     for key in ("rollout/reward/reward_model_mean", "rollout/reward/math_verify_mean"):
-        assert len(scalars[key]) == 2, key
+        assert len(scalars[key]) == 120, key
+    math_part = [value for _, value in scalars["rollout/reward/math_verify_mean"]]
+    assert sum(math_part[-20:]) / 20 > 0.4 > sum(math_part[:20]) / 20
+    assert scalars["eval/accuracy"][-1][1] >= 0.8
