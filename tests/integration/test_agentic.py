@@ -386,17 +386,18 @@ def mean(values: list[float]) -> float:
 
 
 def test_the_guessing_recipe_reward_rises_in_a_short_run(tmp_path):
-    """60 steps of examples/agentic_guessing_tiny.yaml (the recipe runs 300): the mean reward of the
-    last 15 steps beats the first 15 by a clear margin (measured: 0.22 -> 0.35). The turn-staleness
+    """100 steps of examples/agentic_guessing_tiny.yaml (the recipe runs 300): the mean reward of the
+    last 15 steps beats the first 15 by a clear margin (measured at the recipe's lr 0.00075, seeds 0, 1,
+    2: 0.17-0.19 -> 0.29-0.30; at 60 steps the rise was 0.04-0.10, too near the margin). The turn-staleness
     figures are logged every step; the one-token turns of the compact syntax are never "truncated
     turns" (no chat template: nothing to close)."""
-    scalars = run_recipe(tmp_path, "agentic_guessing_tiny.yaml", 60)
+    scalars = run_recipe(tmp_path, "agentic_guessing_tiny.yaml", 100)
     rewards = scalars["rollout/reward_mean"]
-    assert len(rewards) == 60
+    assert len(rewards) == 100
     first, last = mean(rewards[:15]), mean(rewards[-15:])
     assert last > first + 0.05, f"reward did not rise: first 15 steps {first:.3f}, last 15 steps {last:.3f}"
     worst, average = scalars["agentic/turn_staleness_max"], scalars["agentic/turn_staleness_mean"]
-    assert len(worst) == len(average) == 60
+    assert len(worst) == len(average) == 100
     assert all(high >= mean_ >= 0 for high, mean_ in zip(worst, average))
     assert max(worst) >= 1, "carried episodes under a sync every step have turns one version old or more"
     assert set(scalars["agentic/truncated_turns"]) == {0.0} and set(
