@@ -1,7 +1,8 @@
 """What does staleness cost learning? Sync against ``max_staleness`` 1, 2 and 4 with decoupled PPO.
 
     python -m benchmarks.performance.staleness_learning [--seeds 0 1 2 3 4] [--modes sync stale1 ...]
-        [--recipe tiny|streaming|hybrid|dataset|ddp|fsdp|guessing|reward_model] [--max-new-tokens 2] [--max-steps N] [--mini-batches 1]
+        [--recipe tiny|streaming|hybrid|dataset|ddp|fsdp|guessing|reward_model] [--max-new-tokens 2]
+        [--max-steps N] [--mini-batches 1]
         [--lr 0.003] [--out staleness_learning]
 
 Each run is ``unirl-lightning fit --config examples/grpo_tiny.yaml`` (held-out accuracy on 64 disjoint
@@ -23,13 +24,12 @@ draining), with the engine's calls and rows scaled to the mode's window: ``concu
 ``--recipe hybrid`` (``grpo_tiny_hybrid.yaml``: the engine in the training process, no Ray; sync
 only, so ``--modes sync``) and ``--recipe dataset`` (``grpo_tiny_dataset.yaml``: the task from a
 dataset folder, TRL-style reward functions; ``stale1_rollout`` is the recipe as shipped) check a
-rate on the other tiny recipes, as do ``--recipe ddp`` and ``fsdp`` (``grpo_tiny_ddp.yaml``, ``grpo_tiny_fsdp.yaml``: 2 ranks of 8
-prompts),
-``--recipe guessing`` (``agentic_guessing_tiny.yaml``: held-out
-games won every 100 of 300 steps) and ``--recipe reward_model`` (``grpo_tiny_reward_model.yaml``:
-held-out accuracy every 20 steps, and the math-verify part of the training reward over the last 20
-steps, which tells whether the task or the reward model was learned), each with ``--modes
-stale1_rollout`` (as shipped).
+rate on the other tiny recipes, as do ``--recipe ddp`` and ``fsdp`` (``grpo_tiny_ddp.yaml``,
+``grpo_tiny_fsdp.yaml``: 2 ranks of 8 prompts), ``--recipe guessing`` (``agentic_guessing_tiny.yaml``:
+held-out games won every 100 of 300 steps) and ``--recipe reward_model``
+(``grpo_tiny_reward_model.yaml``: held-out accuracy every 20 steps, and the math-verify part of the
+training reward over the last 20 steps, which tells whether the task or the reward model was
+learned), each with ``--modes stale1_rollout`` (as shipped).
 
 ``--max-new-tokens`` lengthens completions (the recipe's 2 tokens end every sample at once; a longer
 budget gives the untrained policy long, uneven samples: the long-tail case). ``--mini-batches K`` cuts

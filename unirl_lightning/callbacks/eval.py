@@ -47,8 +47,8 @@ def _majority_checker() -> Any:
 def majority_correct(completions: Sequence[str], gold: str) -> bool:
     """maj@n of one prompt: the answer most completions give (two answers are the same when
     ``math_verify`` says so; a completion votes when ``math_verify`` extracts an answer from it
-    (its check against itself, a parse only), so one with no parsable answer does not; a tie goes to the answer given first) is
-    checked against ``gold`` with ``math_verify``. No vote at all counts as wrong. Every check is
+    (its check against itself, a parse only), so one with no parsable answer does not; a tie goes to
+    the answer given first) is checked against ``gold`` with ``math_verify``. No vote at all counts as wrong. Every check is
     bounded by 5 s on any thread (:class:`~unirl_lightning.rewards.math_check.AnswerChecker`)."""
     check = _majority_checker().check
     votes: list[list[Any]] = []  # [an answer's first text, how many completions gave it]
@@ -104,8 +104,7 @@ class RolloutEvalCallback(RolloutCallback):
     answer (``answer_key``; math-verify installed), ``eval/maj@n`` (the majority answer math-verify
     extracts, checked against the reference). ``eval/reward_timeouts`` (once one happened): the
     answer checks the evaluations' scoring and maj@n gave up on since the start, each scored wrong.
-    Prompts come from the datamodule's
-    ``val_records()`` unless ``prompts`` (a file or built-in task name) is given. For an agentic
+    Prompts come from the datamodule's ``val_records()`` unless ``prompts`` (a file or built-in task name) is given. For an agentic
     module every sample is a whole episode (every turn, scored by the environment) played on the
     workers beside a live training drive.
 

@@ -13,7 +13,8 @@ of work. On the main thread the check runs in place under the alarm. On any othe
 threaded Ray actor, a thread pool) the pairs go to one long-lived child interpreter per process
 (running :func:`main`; shared by every checker with the same timeout) that runs the same check on
 *its* main thread; if it ever misses its deadline, it is killed, the pair counts as a timeout and a
-fresh child takes the rest. ``timeout_seconds=None`` (or 0) disables the bound everywhere, as in ``math_verify``.
+fresh child takes the rest. ``timeout_seconds=None`` (or 0) disables the bound everywhere, as in
+``math_verify``.
 
 Example::
 
@@ -58,19 +59,11 @@ def check_pair(reference: str, answer: str, timeout: int | None) -> tuple[bool, 
     from math_verify import verify
     from math_verify.errors import TimeoutException
 
-    timeouts = 0
-    parsed = []
-    for text in (reference,) if answer == reference else (reference, answer):
-        try:
-            parsed.append(_parse(text, timeout))
-        except TimeoutException:
-            timeouts += 1
-            parsed.append([])
-        except Exception:
-            parsed.append([])
+    gold, timeouts = _parsed(reference, timeout)
     if answer == reference:  # a text against itself: whether it holds an answer (no comparison)
-        return bool(parsed[0]), timeouts
-    gold, prediction = parsed
+        return bool(gold), timeouts
+    prediction, more = _parsed(answer, timeout)
+    timeouts += more
     for g, t in product(gold, prediction):
         try:
             if verify(g, t, timeout_seconds=timeout, raise_on_error=True):
@@ -80,6 +73,18 @@ def check_pair(reference: str, answer: str, timeout: int | None) -> tuple[bool, 
         except Exception:
             pass
     return False, timeouts
+
+
+def _parsed(text: str, timeout: int | None) -> tuple[list, int]:
+    """``text``'s extractions and the timeouts spent on them (none extracted when parsing fails)."""
+    from math_verify.errors import TimeoutException
+
+    try:
+        return _parse(text, timeout), 0
+    except TimeoutException:
+        return [], 1
+    except Exception:
+        return [], 0
 
 
 @functools.lru_cache(maxsize=8192)

@@ -160,28 +160,28 @@ def checks(args: Any, cfg: SimpleNamespace) -> dict[str, Any]:
     """Every check of this module on the calibrated ``cfg`` (``args``: the calibration's), and the
     ablation again under two other calibrations: with :data:`OVERHEAD_S` of the sync gen timer not
     decoding, and with the fixed cost per decode step alone fitted (``--verl-fit fixed``)."""
-    variants: dict[str, Any] = {
-        "with_verls_trainer": {getattr(args, "verl_fit", "all"): with_verls_trainer(cfg)}
-    }
-    for name, over in (
-        ("sync_gen_overhead", {"verl_sync_gen_overhead": OVERHEAD_S}),
-        ("fixed_fit", {"verl_fit": "fixed"}),
-    ):
-        recalibrated = calibrate(SimpleNamespace(**{**vars(args), **over}))[1]
-        rows = ablation(recalibrated)
-        if name == "fixed_fit":
-            variants["with_verls_trainer"]["fixed"] = with_verls_trainer(recalibrated)
-        variants[f"ablation_with_{name}"] = {
-            **over,
-            "wait_errors": [row["gen"]["error"] for row in rows],
-            "shape_errors": [row["gen_over_gen_at_0.5"]["error"] for row in rows],
-        }
+    overhead, fixed = {"verl_sync_gen_overhead": OVERHEAD_S}, {"verl_fit": "fixed"}
+    with_overhead, fixed_fit = (
+        calibrate(SimpleNamespace(**{**vars(args), **o}))[1] for o in (overhead, fixed)
+    )
+    fit = getattr(args, "verl_fit", "all")
     return {
         "staleness_ablation": ablation(cfg),
         "length_grid": length_grid(args),
         "sync_rows": sync_rows(cfg),
         "run_windows": run_windows(),
-        **variants,
+        "ablation_with_sync_gen_overhead": {**overhead, **ablation_errors(with_overhead)},
+        "ablation_with_fixed_fit": {**fixed, **ablation_errors(fixed_fit)},
+        "with_verls_trainer": {fit: with_verls_trainer(cfg), "fixed": with_verls_trainer(fixed_fit)},
+    }
+
+
+def ablation_errors(cfg: SimpleNamespace) -> dict[str, list[float | None]]:
+    """The ablation's wait errors and shape errors (each threshold's) on ``cfg``."""
+    rows = ablation(cfg)
+    return {
+        "wait_errors": [row["gen"]["error"] for row in rows],
+        "shape_errors": [row["gen_over_gen_at_0.5"]["error"] for row in rows],
     }
 
 
