@@ -169,6 +169,26 @@ def test_env_error_drop_fails_only_that_episode_which_still_completes_its_group(
     assert failed.reward == 0.0 and failed.num_turns == 2
 
 
+def test_an_answer_check_that_runs_out_in_an_environment_is_counted_on_that_episode_once():
+    pytest.importorskip("math_verify")
+    from unirl_lightning.envs.calculator import CalculatorEnv
+    from unirl_lightning.rewards import MathVerifyReward
+
+    reward = MathVerifyReward(timeout_seconds=1)  # shared by the episodes' environments, as in a worker
+    spec = resolve_environment(CalculatorEnv, {"syntax": "compact", "reward": reward})
+    coordinator = EpisodeCoordinator(ScriptedEngine(), spec, SamplingParams(max_new_tokens=2))
+    slow = "8888** 8** 8"  # sympy builds 8888**(8**8): parsing the reference runs out of time
+    coordinator.submit(requests_for([{"prompt": "1?", "answer": slow}, {"prompt": "2?", "answer": "5"}]))
+    samples = {s.sample_id: s for s in drain(coordinator)}  # every episode answers "5" at its first turn
+    assert {k: (s.reward, s.reward_timeouts) for k, s in samples.items()} == {
+        "g0/0": (0.0, 1),  # ran out: scored wrong
+        "g0/1": (0.0, 0),  # the same pair again: the checker's cached verdict, no second check
+        "g1/0": (1.0, 0),
+        "g1/1": (1.0, 0),
+    }
+    assert reward.timeouts == 1
+
+
 def test_an_engine_without_generate_ids_is_refused_naming_the_engine():
     class BatchOnlyEngine:
         tokenizer = TOKENIZER

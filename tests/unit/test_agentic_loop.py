@@ -57,6 +57,7 @@ class ScriptedCoordinator:
             [1], [5, 2], [-1.0, -1.0], 1.0, "stop", loss_mask=[1, 1], sample_id=request.sample_id
         )
         sample.env_error, sample.num_turns, sample.turn_versions = error, 1, [0]
+        sample.reward_timeouts = request.record.get("timeouts", 0)  # the environment's checks that ran out
         return sample
 
 
@@ -141,6 +142,20 @@ def test_a_group_with_a_failed_episode_is_counted_and_never_trained():
     assert roots(batch) == ["g1"]  # g0 had a crashing environment
     assert (loop.failed_groups, loop.env_errors, list(loop.failed_roots)) == (1, 2, ["g0"])
     assert batch.stats["agentic/env_errors"] == 2.0 and batch.stats["agentic/failed_groups"] == 1.0
+
+
+def test_the_environments_answer_checks_that_ran_out_are_summed_logged_once_one_did_and_checkpointed():
+    prompts = batches("short", "short", "short", "short")
+    prompts[1][0]["timeouts"], prompts[2][1]["timeouts"] = 2, 1  # per episode, in one group of each batch
+    loop, controller, _ = make_loop(prompts, max_staleness=0, max_inflight=1)
+    logged = []
+    for _ in range(3):
+        logged.append(loop.next_batch().stats.get("rollout/reward_timeouts"))
+        sync(controller)
+    assert logged == [None, 4.0, 6.0]  # batch 1: a group of 2 episodes at 2 each; batch 2: 2 x 1 more
+    resumed, _, _ = make_loop(prompts, max_staleness=0, max_inflight=1)
+    resumed.load_loop_state(loop.loop_state())
+    assert resumed.next_batch().stats["rollout/reward_timeouts"] == 6.0  # the run's total, not lost
 
 
 def test_a_coordinator_that_loses_an_interrupted_group_is_caught_before_the_next_drive():

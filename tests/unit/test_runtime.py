@@ -25,6 +25,20 @@ def test_each_family_gets_its_runtime():
     assert runtime_for(SimpleNamespace(agentic=object(), family="token")) is AgenticRuntime
 
 
+def test_agentic_evaluation_sums_the_answer_checks_its_episodes_environments_gave_up_on():
+    runtime = AgenticRuntime(None, settings(), None)
+    answers = iter([[[0, 2], [1, 0]], [[0, 0]]])  # per evaluation, per record: each episode's count
+
+    def evaluate(records, sampling, n, seed, timeout_s):
+        return [[SimpleNamespace(reward_timeouts=k) for k in group] for group in next(answers)]
+
+    runtime.episodes = SimpleNamespace(evaluate=evaluate)
+    runtime.evaluate([{}, {}], None, 2, 0)
+    assert runtime.eval_reward_timeouts == 3  # read by RolloutEvalCallback as eval/reward_timeouts
+    runtime.evaluate([{}], None, 2, 1)
+    assert runtime.eval_reward_timeouts == 3  # since the start: a clean evaluation adds nothing
+
+
 def test_the_batch_runtime_schedules_diffusion_poll_first_with_one_request_in_flight():
     assert SCHEDULING["token"].order == "launch_first" and SCHEDULING["token"].max_inflight is None
     assert SCHEDULING["diffusion"].order == "poll_first" and SCHEDULING["diffusion"].max_inflight == 1

@@ -51,7 +51,8 @@ Accounting (``pending`` / ``trained_roots`` / ``evicted_roots`` / ``dropped_root
 turn), dropped, failed, or still pending; a tail that does not match the coordinator's suspended
 episodes raises ``RuntimeError`` (an episode would otherwise be lost silently). The truncated chat
 turns and context-limited episodes of every group that leaves ``pending`` are counted
-(``agentic/truncated_turns``, ``agentic/context_limited``; see :mod:`unirl_lightning.envs.coordinator`).
+(``agentic/truncated_turns``, ``agentic/context_limited``; see :mod:`unirl_lightning.envs.coordinator`),
+and so are the environments' answer checks that ran out (``rollout/reward_timeouts``, once one did).
 
 The loop trusts its arguments: the strategy validates them (one layer of validation).
 """
@@ -186,6 +187,7 @@ class AgenticRolloutLoop:
         self.turn_evicted_roots: deque[str] = deque(maxlen=_RECENT)
         self.truncated_turns = 0  # chat turns cut at max_new_tokens, in the episodes that reached the loop
         self.context_limited = 0  # episodes the context budget ended, of those that reached the loop
+        self.reward_timeouts = 0  # the environments' answer checks that ran out (scored wrong)
         self.failed_groups = 0
         self.env_errors = 0  # episodes whose environment crashed (on_env_error="drop")
         self.drives = 0
@@ -331,6 +333,7 @@ class AgenticRolloutLoop:
         for sample in item.group:
             self.truncated_turns += sample.truncated_turns
             self.context_limited += sample.context_limited
+            self.reward_timeouts += sample.reward_timeouts
         return root
 
     def _trainable(self, drained: list[StampedGroup]) -> list[list[Any]]:
@@ -383,6 +386,7 @@ class AgenticRolloutLoop:
                 "agentic/truncated_turns": float(self.truncated_turns),
                 "agentic/context_limited": float(self.context_limited),
                 "agentic/drives": float(self.drives),
+                **({"rollout/reward_timeouts": float(self.reward_timeouts)} if self.reward_timeouts else {}),
                 **(self.extra_stats() if self.extra_stats else {}),
             }
         )
@@ -409,6 +413,7 @@ class AgenticRolloutLoop:
             "env_errors": self.env_errors,
             "truncated_turns": self.truncated_turns,
             "context_limited": self.context_limited,
+            "reward_timeouts": self.reward_timeouts,
         }
 
     def load_loop_state(self, state: dict[str, Any]) -> None:
@@ -424,6 +429,7 @@ class AgenticRolloutLoop:
         self.env_errors = state["env_errors"]
         self.truncated_turns = state.get("truncated_turns", 0)
         self.context_limited = state.get("context_limited", 0)
+        self.reward_timeouts = state.get("reward_timeouts", 0)
 
 
 def _oldest_turn(sample: Any) -> int:

@@ -58,7 +58,8 @@ Requirements on the engine
     it serves). The HF and vLLM engines have them; others raise ``NotImplementedError`` naming the
     engine when a coordinator is built on them.
 
-This module imports no torch: the standard library, :mod:`unirl_lightning.envs`, records, seeds.
+This module imports no torch: the standard library, :mod:`unirl_lightning.envs`, records, seeds,
+:func:`~unirl_lightning.rewards.scoring.reward_timeouts`.
 """
 
 from __future__ import annotations
@@ -82,6 +83,7 @@ from unirl_lightning.envs.episode import (
     turn_closing_ids,
 )
 from unirl_lightning.envs.spec import EnvSpec
+from unirl_lightning.rewards.scoring import reward_timeouts
 from unirl_lightning.rollout.records import AgenticRollout
 
 __all__ = ["EpisodeCoordinator", "EpisodeRequest", "EpisodeSettings", "OnEnvError", "TruncatedTurn"]
@@ -111,6 +113,7 @@ class _Episode:
     model_end: int = 0  # len(ids) after the last model turn (and its closing): where a cut episode ends
     generate_s: float = 0.0
     error: str | None = None
+    reward_timeouts: int = 0  # the environment's answer checks that ran out (in its steps)
 
 
 class EpisodeCoordinator:
@@ -311,11 +314,15 @@ class EpisodeCoordinator:
                 self.truncated_turns += 1
             episode.model_end = len(episode.ids)
             text = self.tokenizer.decode(completion, skip_special_tokens=True)
+            checks = getattr(episode.env, "reward", None)  # an answer-checking environment's reward
+            before = reward_timeouts(checks)
             try:
                 result = safe_step(episode.env, text)
             except EnvStepError as error:
                 self._fail(episode, error)
                 continue
+            finally:
+                episode.reward_timeouts += reward_timeouts(checks) - before
             episode.reward += result.reward
             episode.tool_calls = int(result.info.get("tool_calls", episode.tool_calls))
             if result.done:
@@ -390,6 +397,7 @@ class EpisodeCoordinator:
             truncated_turns=episode.truncated_turns,
             context_limited=episode.context_limited,
             env_error=episode.error,
+            reward_timeouts=episode.reward_timeouts,
             generate_s=episode.generate_s,
         )
         with self._lock:

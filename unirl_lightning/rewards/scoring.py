@@ -14,7 +14,14 @@ from typing import Any
 from unirl_lightning.rewards.base import Reward, RewardError
 from unirl_lightning.rewards.callable import _EXTRAS, CallableFunction, _signature, resolve_reward
 
-__all__ = ["CombinedReward", "part_name", "reward_name", "score_batch", "score_parts"]
+__all__ = [
+    "CombinedReward",
+    "part_name",
+    "reward_name",
+    "reward_timeouts",
+    "score_batch",
+    "score_parts",
+]
 
 _PROMPT_PREVIEW_CHARS = 200
 
@@ -27,6 +34,17 @@ def reward_name(reward: Any) -> str:
     if isinstance(name, str) and name:
         return name
     return getattr(reward, "__name__", type(reward).__name__)
+
+
+def reward_timeouts(reward: Any) -> int:
+    """The checks ``reward`` has given up on so far (a reward's ``timeouts`` counter, such as
+    :class:`~unirl_lightning.rewards.MathVerifyReward`'s; a combined reward's summed over its parts;
+    0 for a reward that counts none)."""
+    parts = getattr(reward, "rewards", None)
+    if isinstance(parts, list):
+        return sum(reward_timeouts(part) for part in parts)
+    count = getattr(reward, "timeouts", 0)
+    return count if isinstance(count, int) else 0
 
 
 def part_name(reward: Any) -> str:

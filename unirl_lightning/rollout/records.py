@@ -245,6 +245,9 @@ class AgenticRollout(Rollout):
     truncated_turns: int = 0  # chat model turns the token budget cut (closed, or the episode ended there)
     context_limited: bool = False  # ended by the context budget (max_context_tokens / max_model_len)
     env_error: str | None = None  # the EnvStepError message when the environment crashed (never trained)
+    reward_timeouts: int = (
+        0  # answer checks the environment's reward gave up on in this episode (scored wrong)
+    )
     generate_s: float = 0.0  # this episode's share of the generation calls' time
 
 

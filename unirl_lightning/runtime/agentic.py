@@ -90,4 +90,6 @@ class AgenticRuntime(RolloutRuntime):
         )
 
     def evaluate(self, records: list[dict[str, Any]], sampling: Any, n: int, seed: int) -> list[list[Any]]:
-        return self.episodes.evaluate(records, sampling, n, seed, self.settings.generation_timeout_s)
+        groups = self.episodes.evaluate(records, sampling, n, seed, self.settings.generation_timeout_s)
+        self.eval_reward_timeouts += sum(sample.reward_timeouts for group in groups for sample in group)
+        return groups

@@ -34,20 +34,11 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from unirl_lightning.rewards.scoring import reward_timeouts
 from unirl_lightning.rollout.records import GenerationResult, RolloutRequest
 from unirl_lightning.weight_sync.buckets import PackedWeights
 
 __all__ = ["RolloutWorker", "reward_timeouts", "score_groups"]
-
-
-def reward_timeouts(reward: Any) -> int:
-    """The checks ``reward`` has given up on so far (a reward's ``timeouts`` counter, such as
-    :class:`~unirl_lightning.rewards.MathVerifyReward`'s; a combined reward's summed over its parts)."""
-    parts = getattr(reward, "rewards", None)
-    if isinstance(parts, list):
-        return sum(reward_timeouts(part) for part in parts)
-    count = getattr(reward, "timeouts", 0)
-    return count if isinstance(count, int) else 0
 
 
 def score_groups(reward: Any, groups: list[list[Any]], records: list[dict[str, Any]]) -> int:
