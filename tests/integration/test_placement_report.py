@@ -67,6 +67,10 @@ def test_the_placement_settings_are_checked():
         settings(worker_layout="spread")
     with pytest.raises(ValueError, match="per_gpu.*whole num_gpus_per_worker"):
         settings(worker_layout="per_gpu", num_gpus_per_worker=0.5)
+    with pytest.raises(
+        ValueError, match=r"per_gpu.*>= 2 .*got 1: with one GPU per worker use worker_layout='actor'"
+    ):
+        settings(worker_layout="per_gpu", num_gpus_per_worker=1)
     with pytest.raises(ValueError, match="worker_resources\\['rollout_node'\\] must be > 0"):
         settings(worker_resources={"rollout_node": 0})
 

@@ -62,6 +62,14 @@ def test_colocate_with_a_collective_sync_on_a_gpu_is_refused_naming_the_working_
     assert collective_device_error("colocate", "object_store", "auto", "cuda", 1) is None
 
 
+def test_nccl_with_a_share_of_a_gpu_per_worker_is_refused_as_ray_may_pack_the_group_on_one_gpu():
+    error = collective_device_error("separate", "collective", "auto", "cuda", 0.5)
+    assert "num_gpus_per_worker=0.5" in error and "Duplicate GPU detected" in error
+    assert "backend='gloo'" in error and "whole GPU" in error
+    assert collective_device_error("separate", "collective", "gloo", "cuda", 0.5) is None
+    assert collective_device_error("separate", "collective", "nccl", "cuda", 1) is None
+
+
 def test_fit_refuses_colocate_and_collective_on_a_gpu_at_parse_time(capsys, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     code, last = fit_exit([*TINY_COLOCATE, COLLECTIVE, "--trainer.accelerator=gpu"], capsys)
@@ -304,6 +312,7 @@ def test_plan_adds_the_engine_share_to_what_the_trainer_holds_on_the_1gpu_recipe
 def test_engines_packed_on_a_shared_gpu_must_split_it(tmp_path, capsys, monkeypatch):
     gsm8k = str(EXAMPLES / "grpo_qwen2.5_0.5b_gsm8k.yaml")
     half = "--trainer.strategy.init_args.num_gpus_per_worker=0.5"
+    store = "--trainer.strategy.init_args.weight_sync=object_store"  # NCCL with packed workers: refused too
     engine = {"class_path": "unirl_lightning.engines.vllm.VLLMEngineConfig", "init_args": {}}
 
     def utilization(value: float) -> str:
@@ -311,12 +320,18 @@ def test_engines_packed_on_a_shared_gpu_must_split_it(tmp_path, capsys, monkeypa
             {**engine, "init_args": {"gpu_memory_utilization": value}}
         )
 
-    errors = plan_errors(["--config", gsm8k, half, utilization(0.8)], tmp_path)
+    errors = plan_errors(["--config", gsm8k, half, store, utilization(0.8)], tmp_path)
     assert [e["key"] for e in errors] == [UTILIZATION[2:]]
     assert "packs 2 vLLM engines on one GPU" in errors[0]["message"]
-    assert plan_errors(["--config", gsm8k, half, utilization(0.45)], tmp_path) == []
+    assert plan_errors(["--config", gsm8k, half, store, utilization(0.45)], tmp_path) == []
+    errors = plan_errors(
+        ["--config", gsm8k, half, store, utilization(0.5)], tmp_path
+    )  # the share itself: too much
+    assert (
+        "beside each engine's CUDA context" in errors[0]["message"] and "at most 0.45" in errors[0]["message"]
+    )
     monkeypatch.chdir(tmp_path)
-    code, last = fit_exit(["--config", gsm8k, half, utilization(0.8)], capsys)
+    code, last = fit_exit(["--config", gsm8k, half, store, utilization(0.8)], capsys)
     assert code == 2 and "packs 2 vLLM engines on one GPU" in last, last
 
 

@@ -231,6 +231,9 @@ def test_vllm_under_hybrid_is_refused_on_several_ranks_naming_placement_and_engi
     assert hybrid_engine_error("hybrid", "unirl_lightning.engines.vllm.VLLMEngineConfig", 4) is not None
     assert hybrid_engine_error("hybrid", "vllm", 1) is None and hybrid_engine_error("hybrid", "hf", 2) is None
     assert hybrid_engine_error("colocate", "vllm", 2) is None
+    sglang = hybrid_engine_error("hybrid", "unirl_lightning.engines.sglang.SGLangEngineConfig", 2)
+    assert "placement='hybrid' with engine='sglang'" in sglang and "kills every child process" in sglang
+    assert hybrid_engine_error("hybrid", "sglang", 1) is None
     for engine in ("vllm", VLLMEngineConfig()):
         with pytest.raises(
             ValueError, match=r"placement='hybrid' with engine='vllm' .* got 2 training ranks"

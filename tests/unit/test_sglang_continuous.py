@@ -37,6 +37,7 @@ class Manager:
         self.session = False
         self.calls: list[str] = []
         self.context_len = 64
+        self.salts: list[str | None] = []  # each request's prefix-cache namespace, in arrival order
 
     def on_loop(self, what: str) -> None:
         assert asyncio.get_running_loop() is self.bound, f"{what} ran on a loop SGLang is not bound to"
@@ -89,8 +90,11 @@ class Engine:
         self.next_rid = 0
         Engine.created.append(self)
 
-    def get_server_info(self):
-        return {"max_running_requests": 8}
+    def get_server_info(self):  # the launch argument unset; the scheduler's own cap in its state
+        return {
+            "max_running_requests": None,
+            "internal_states": [{"effective_max_running_requests_per_dp": 8}],
+        }
 
     def begin_weight_update(self):
         return self.loop.run_until_complete(self.tokenizer_manager.set_session(True))
@@ -105,9 +109,12 @@ class Engine:
     def shutdown(self):
         self.tokenizer_manager.calls.append("shutdown")
 
-    async def async_generate(self, input_ids, sampling_params, return_logprob, lora_path=None):
+    async def async_generate(
+        self, input_ids, sampling_params, return_logprob, lora_path=None, cache_salt=None
+    ):
         manager = self.tokenizer_manager
         manager.on_loop("generate")
+        manager.salts.append(cache_salt)
         rid, self.next_rid = self.next_rid, self.next_rid + 1
         tokens = manager.live[rid] = []
         manager.events[rid] = []
@@ -223,6 +230,11 @@ def test_a_push_mid_generation_pauses_in_place_and_every_token_keeps_its_version
         switch = row.token_versions.index(1)
         assert switch >= 5 and row.token_versions == [0] * switch + [1] * (60 - switch)
     assert all(g[0].weight_version == 0 for g in out["groups"])  # a group is as old as its oldest token
+    assert manager.salts == ["w0"] * 4  # added under version 0: they share cached prefixes among themselves
+    engine.generate(request(2))
+    assert (
+        manager.salts[4:] == ["w1"] * 4
+    )  # added after the push: no prefix the old weights cached serves them
 
 
 def test_a_push_into_an_idle_engine_flushes_the_cache_and_a_failed_bucket_closes_the_session(engine):

@@ -100,6 +100,35 @@ def test_a_push_mid_generation_continues_the_requests_in_place_each_token_keepin
     assert max_logprob_gap(new_model, after, 1.0) < 1e-4
 
 
+def test_a_prefix_cached_before_a_push_never_serves_a_request_added_after_it(engine):
+    """A prompt of two full KV blocks is cached under the old weights; a push lands while requests run,
+    so vLLM cannot reset its prefix cache; the same prompt after the push is computed by the new weights
+    alone (its log-probs are the new model's). Without the requests' version-named ``cache_salt`` its
+    prefix blocks come from the cache, computed by the old weights, and the gap is about 1e-1."""
+    block = engine.engine.vllm_config.cache_config.block_size
+    prompt = "1+2=" * ((2 * block + 3) // 4 + 1)  # the char tokenizer: one token per character
+    assert len(prompt) + 4 <= tiny_policy().max_position_embeddings, f"block size {block} is too large here"
+    long = RolloutRequest(
+        records=[{"prompt": prompt}], n=1, sampling=SamplingParams(max_new_tokens=4, temperature=1.0), seed=2
+    )
+    old_model, _ = tiny_policy().build()
+    engine.load_weights(list(old_model.state_dict().items()), engine.weight_version + 1)  # idle: reset
+    assert max_logprob_gap(old_model, engine.generate(long), 1.0) < 1e-4  # now cached under these weights
+    out: dict[str, list] = {}
+    call = threading.Thread(target=lambda: out.setdefault("groups", engine.generate(request(30, 58, seed=5))))
+    call.start()
+    deadline = time.monotonic() + 30
+    while engine.rows.live < 16 and time.monotonic() < deadline:
+        time.sleep(0.005)
+    new_model, _ = tiny_policy(seed=9).build()
+    engine.load_weights(list(new_model.state_dict().items()), engine.weight_version + 1)  # rows live
+    call.join()
+    assert any(r.token_versions is not None for g in out["groups"] for r in g), "the push found no row live"
+    gap = max_logprob_gap(new_model, engine.generate(long), 1.0)
+    print(f"continuous vLLM: block size {block}, prompt {len(prompt)} tokens, gap after the push {gap:.2e}")
+    assert gap < 1e-4
+
+
 def test_an_adapter_push_while_requests_run_is_refused(engine):
     engine.rows.add(+1)  # a request in flight (the count the engine keeps)
     try:

@@ -15,9 +15,11 @@ from unirl_lightning.core.preflight import config_value, recipe_sync_every, serv
 
 __all__ = [
     "COLLECTIVE_BACKENDS",
+    "PACKED_SHARE",
     "checkpoint_names_error",
     "collective_backend",
     "collective_device_error",
+    "nccl_cumem_setting",
     "recipe_device_errors",
     "renamed_by_transformers",
     "shared_gpu_memory_error",
@@ -27,6 +29,9 @@ __all__ = [
 ]
 
 COLLECTIVE_BACKENDS = ("auto", "gloo", "nccl")
+PACKED_SHARE = 0.9
+"""The part of its share of a GPU a packed vLLM engine may ask for: the rest holds its CUDA context,
+cuBLAS handles and NCCL buffers (a few hundred MB to about 1 GB), which vLLM counts as taken."""
 
 
 def collective_backend(backend: str, trainer_device_type: str, actor_gpus: float) -> str:
@@ -43,8 +48,9 @@ def collective_device_error(
     placement: str, weight_sync: str, backend: str, trainer_device_type: str, actor_gpus: float
 ) -> str | None:
     """Where ``weight_sync="collective"`` cannot run. NCCL refuses two ranks of one group on one GPU
-    (``ncclInvalidUsage``: "Duplicate GPU detected", seen on an H200 with NCCL 2.28), and under
-    ``placement="colocate"`` the trainer rank and its engine share the GPU; and an NCCL end needs a GPU
+    (``ncclInvalidUsage``: "Duplicate GPU detected", seen on an H200 with NCCL 2.28): under
+    ``placement="colocate"`` the trainer rank and its engine share the GPU, and with a share of a GPU
+    per worker (``separate``) Ray may pack two workers of the group on one; and an NCCL end needs a GPU
     (a worker's actor that holds none cannot build ``ProcessGroupNCCL``)."""
     if weight_sync != "collective":
         return None
@@ -56,6 +62,13 @@ def collective_device_error(
             "placement='colocate' with weight_sync='collective' puts the trainer rank and its engine in one NCCL "
             "group on the same GPU, which NCCL refuses (ncclInvalidUsage: Duplicate GPU detected): use "
             "weight_sync='object_store' (or 'auto') with placement='colocate', or placement='separate'"
+        )
+    if placement == "separate" and resolved == "nccl" and 0 < actor_gpus < 1:
+        return (
+            f"weight_sync='collective' over NCCL with num_gpus_per_worker={actor_gpus:g}: Ray may pack several "
+            "workers of one NCCL group on one GPU, which NCCL refuses (ncclInvalidUsage: Duplicate GPU "
+            "detected): use CollectiveWeightSync(backend='gloo') or weight_sync='object_store', or give each "
+            "worker a whole GPU"
         )
     if resolved == "nccl" and actor_gpus <= 0:
         return (
@@ -69,6 +82,19 @@ def collective_device_error(
             "use backend='auto' or 'gloo'"
         )
     return None
+
+
+def nccl_cumem_setting(engine: Any, weight_sync: str, backend: str, current: str | None) -> str | None:
+    """The ``NCCL_CUMEM_ENABLE`` the trainer must take before its first NCCL communicator, or None
+    when nothing needs setting. Two NCCL peers on one node that disagree on cuMem fail their P2P
+    transport (NCCL's legacy CUDA IPC path: "Cuda failure 'invalid argument'" in ``p2p.cc``, or a hang),
+    and SGLang's engine sets ``NCCL_CUMEM_ENABLE=0`` in its own process when it is unset. So a
+    collective push into SGLang (``weight_sync="collective"``, backend NCCL or ``"auto"``) has the
+    trainer take 0 too, unless ``current`` (the trainer's own value) is set; the workers get the
+    trainer's value (:func:`~unirl_lightning.workers.cluster.worker_runtime_env`), which SGLang keeps."""
+    if current is not None or weight_sync != "collective" or backend == "gloo":
+        return None
+    return "0" if serving_engine(engine) == "sglang" else None
 
 
 def tensor_parallel_size_for(num_gpus_per_worker: float, tensor_parallel_size: int | None = None) -> int:
@@ -203,14 +229,17 @@ def shared_gpu_memory_error(
     while the engine is awake again (it sleeps only while the trainer trains) also AdamW's two moments,
     unless ``offload_optimizer`` moves them to the host (colocate). With a share of a GPU per worker
     (``num_gpus_per_worker < 1``, separate placement) Ray packs ``1 / share`` engines on one GPU, each
-    asking for its own ``gpu_memory_utilization`` of it."""
+    asking for its own ``gpu_memory_utilization`` of it; vLLM needs that much free at start after its
+    CUDA context and handles, so each gets at most ``PACKED_SHARE`` of its share."""
     if placement == "separate":
-        if 0 < num_gpus_per_worker < 1 and utilization > num_gpus_per_worker:
+        most = round(PACKED_SHARE * num_gpus_per_worker, 2)
+        if 0 < num_gpus_per_worker < 1 and utilization > most:
             packed = int(1 / num_gpus_per_worker)
             return (
                 f"num_gpus_per_worker={num_gpus_per_worker:g} packs {packed} vLLM engines on one GPU, each asking for "
-                f"gpu_memory_utilization={utilization:g} of it ({packed * utilization:g} of the GPU in all): set "
-                f"engine.init_args.gpu_memory_utilization to at most {num_gpus_per_worker:g}"
+                f"gpu_memory_utilization={utilization:g} of it ({packed * utilization:g} of the GPU in all, beside "
+                f"each engine's CUDA context, which vLLM counts as taken): set "
+                f"engine.init_args.gpu_memory_utilization to at most {most:g}"
             )
         return None
     moments = 0.0 if offload_optimizer and placement == "colocate" else moments_gib

@@ -210,18 +210,26 @@ def weight_sync_placement_error(placement: str, weight_sync: str) -> str | None:
 
 
 def hybrid_engine_error(placement: str, engine: str, world_size: int) -> str | None:
-    """``placement="hybrid"`` with vLLM (``engine``: ``"vllm"``, or its config's class name or path) runs
-    on one training rank: vLLM's engine core in a training process would build its parallel state over
-    the trainer's process group (and tear it down when it closes), and its worker takes device 0 on
-    every rank. Several ranks serve in-process with the HF engine, or with vLLM in Ray workers."""
-    vllm = serving_engine(engine) == "vllm"
-    if placement not in IN_PROCESS_PLACEMENTS or not vllm or world_size <= 1:
+    """``placement="hybrid"`` with vLLM or SGLang (``engine``: a name, or its config's class name or
+    path) runs on one training rank. vLLM's engine core in a training process would build its parallel
+    state over the trainer's process group (and tear it down when it closes), and its worker takes
+    device 0 on every rank; SGLang's ``Engine.shutdown()`` kills every child process of the process
+    that runs it (the other ranks Lightning started from rank 0, among them). Several ranks serve
+    in-process with the HF engine, or with vLLM or SGLang in Ray workers."""
+    name = serving_engine(engine)
+    if placement not in IN_PROCESS_PLACEMENTS or name not in ("vllm", "sglang") or world_size <= 1:
         return None
+    why = (
+        "vLLM's in-process engine would build its parallel state over the trainer's process group and put "
+        "every rank's worker on device 0"
+        if name == "vllm"
+        else "SGLang's shutdown kills every child process of the training process, the other ranks among them"
+    )
     return (
-        f"placement={placement!r} with engine='vllm' runs vLLM in the training process of one rank only, "
-        f"got {world_size} training ranks (vLLM's in-process engine would build its parallel state over "
-        "the trainer's process group and put every rank's worker on device 0): use engine='hf' with "
-        "several ranks, or placement='colocate' (vLLM in Ray workers on the training GPUs)"
+        f"placement={placement!r} with engine={name!r} runs {'vLLM' if name == 'vllm' else 'SGLang'} in the "
+        f"training process of one rank only, got {world_size} training ranks ({why}): use engine='hf' "
+        f"with several ranks, or placement='colocate' ({'vLLM' if name == 'vllm' else 'SGLang'} in Ray "
+        "workers on the training GPUs)"
     )
 
 

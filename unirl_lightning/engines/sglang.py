@@ -31,13 +31,23 @@ Guarantees, beyond the contract:
   For a trainer that broadcasts over NCCL instead, SGLang's documented alternative is
   ``Engine.init_weights_update_group(master_address, master_port, rank_offset, world_size, group_name)``
   once, then per bucket ``Engine.update_weights_from_distributed(names, dtypes, shapes, group_name)``
-  while the trainer broadcasts the same tensors in the same order; the engine exposes SGLang's
-  ``Engine`` as ``self.engine`` for a weight-sync backend that wants that path.
+  while the trainer broadcasts the same tensors in the same order, inside the same weight-update
+  session (:func:`weight_update_session`: 0.5.23 refuses the call outside one); the engine exposes
+  SGLang's ``Engine`` as ``self.engine`` for a weight-sync backend that wants that path.
 * **LoRA updates** (``lora`` set): the pushed tensors are the ``peft`` adapter only; each version is
   loaded with ``Engine.load_lora_adapter_from_tensors`` under a fresh name (no file is written) and the
   previous adapter is unloaded. Until the first adapter push the base model generates.
 * **Sleep/wake** use ``release_memory_occupation`` / ``resume_memory_occupation`` when the engine
-  runs with ``enable_memory_saver=True`` (needs ``torch_memory_saver``); otherwise both are no-ops.
+  runs with ``enable_memory_saver`` (on by default where the engine shares the trainer's GPU:
+  ``placement="colocate"`` or ``"hybrid"``; ``torch_memory_saver`` comes with SGLang); otherwise both
+  are no-ops, and SGLang keeps ``mem_fraction_static`` of the memory free at its start for the run.
+* **Devices.** SGLang runs on CUDA only: its workers must hold GPUs (``num_gpus_per_worker`` of at
+  least ``tp_size``; refused otherwise when the strategy places it), and its scheduler starts at the
+  process's current CUDA device (``base_gpu_id``: the rank's device in the training process under
+  ``"hybrid"``, device 0 of a Ray worker). A float32 policy (TinyCausalLM) is served with the Triton
+  attention backend unless ``engine_kwargs`` names one: SGLang's Hopper default (FA3), like
+  FlashInfer, takes 16-bit inputs only. Under ``"hybrid"``, one training rank only:
+  ``Engine.shutdown()`` kills every child process of the process that runs it.
 
 ``sglang`` is imported only inside :meth:`SGLangEngineConfig.build`, so this module imports without
 it. SGLang has no CPU build on PyPI: its tests are in ``tests/gpu`` (``@pytest.mark.gpu``).
@@ -45,6 +55,7 @@ it. SGLang has no CPU build on PyPI: its tests are in ``tests/gpu`` (``@pytest.m
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import logging
 import os
@@ -69,10 +80,14 @@ from unirl_lightning.engines.base import (
     trim_at_stop,
 )
 from unirl_lightning.engines.serving import (
-    ServedPolicy,
     check_checkpoint_names,
     lora_adapter_config,
     materialize_policy,
+)
+from unirl_lightning.engines.sglang_args import (
+    OWNED_SAMPLING_KEYS,
+    sglang_engine_kwargs,
+    sglang_sampling_params,
 )
 from unirl_lightning.models.causal_lm import PolicySpec
 from unirl_lightning.models.lora import LoraSpec, is_lora_push
@@ -91,47 +106,6 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 INSTALL_HINT = "install the extra: pip install 'unirl-lightning[sglang]' (SGLang needs a CUDA GPU)"
-
-
-OWNED_SAMPLING_KEYS = (
-    "temperature",
-    "top_p",
-    "top_k",
-    "min_p",
-    "repetition_penalty",
-    "max_new_tokens",
-    "stop",
-    "stop_token_ids",
-    "skip_special_tokens",
-    "sampling_seed",
-    "n",
-)
-
-
-def sglang_sampling_params(
-    sampling: SamplingParams,
-    stop_ids: list[int],
-    seed: int | None,
-    overrides: dict[str, Any] | None = None,
-) -> dict[str, Any]:
-    """One request's SGLang ``sampling_params`` for ``sampling`` (``seed``: deterministic mode only;
-    ``overrides``: the engine config's ``sampling_overrides``)."""
-    param: dict[str, Any] = {
-        "temperature": sampling.temperature,  # 0 = greedy in SGLang
-        "top_p": sampling.top_p,
-        "top_k": sampling.top_k if sampling.top_k > 0 else -1,  # SGLang: -1 = off
-        "min_p": sampling.min_p,
-        "repetition_penalty": sampling.repetition_penalty,
-        "max_new_tokens": sampling.max_new_tokens,
-        "skip_special_tokens": True,
-        "stop_token_ids": list(stop_ids),
-    }
-    if sampling.stop:
-        param["stop"] = list(sampling.stop)
-    if seed is not None:
-        param["sampling_seed"] = seed
-    param.update(overrides or {})
-    return param
 
 
 def import_sglang() -> Any:
@@ -153,7 +127,8 @@ class SGLangEngineConfig(EngineConfig):
         dtype: None = the policy's dtype (float32 for TinyCausalLM).
         random_seed: the engine's sampling seed.
         deterministic: SGLang's deterministic inference (batch-invariant kernels; per-request seeds).
-        enable_memory_saver: lets ``sleep()`` release GPU memory (colocated placement).
+        enable_memory_saver: lets ``sleep()`` release GPU memory; None = on where the engine shares
+            the trainer's GPU (``placement="colocate"`` / ``"hybrid"``), off elsewhere.
         engine_kwargs: anything else for ``sglang.Engine(...)`` (wins over the fields above).
         sampling_overrides: extra SGLang sampling parameters of every request (e.g.
             ``{"presence_penalty": 0.5}``); the ones the engine sets from the module's sampling are
@@ -175,7 +150,7 @@ class SGLangEngineConfig(EngineConfig):
     dtype: str | None = None
     random_seed: int = 0
     deterministic: bool = False
-    enable_memory_saver: bool = False
+    enable_memory_saver: bool | None = None
     engine_kwargs: dict[str, Any] = field(default_factory=dict)
     sampling_overrides: dict[str, Any] = field(default_factory=dict)
     batching: Literal["static", "continuous"] = "static"
@@ -199,6 +174,24 @@ class SGLangEngineConfig(EngineConfig):
         """Calls one Ray worker runs at once (its actor's ``max_concurrency``)."""
         return self.concurrent_calls if self.batching == "continuous" else 1
 
+    def for_placement(self, settings: Any) -> SGLangEngineConfig:
+        """The memory saver on where the engine shares the trainer's GPU (unless set); a Ray worker
+        that holds no GPU, or fewer than ``tp_size``, refused (SGLang has no CPU path: its scheduler
+        would die on an empty ``CUDA_VISIBLE_DEVICES``)."""
+        if not settings.in_process and settings.actor_gpus < max(1, self.tp_size):
+            layout = (
+                f", worker_layout={settings.worker_layout!r}" if settings.worker_layout != "actor" else ""
+            )
+            raise ValueError(
+                f"engine='sglang' runs on CUDA GPUs that its Ray worker holds, but num_gpus_per_worker="
+                f"{settings.num_gpus_per_worker:g}{layout} gives each worker {settings.actor_gpus:g}: set "
+                f"num_gpus_per_worker to tp_size ({self.tp_size}) with worker_layout='actor', or use "
+                "engine='hf' or 'vllm' (which run on CPU too)"
+            )
+        if self.enable_memory_saver is None:
+            return dataclasses.replace(self, enable_memory_saver=bool(settings.shares_trainer_device))
+        return self
+
     def build(self, policy: PolicySpec, lora: LoraSpec | None = None) -> SGLangEngine:
         if os.environ.get("SGLANG_RETURN_ORIGINAL_LOGPROB", "").lower() in ("1", "true", "yes"):
             raise ValueError(
@@ -206,43 +199,16 @@ class SGLangEngineConfig(EngineConfig):
                 "the temperature-scaled ones the trainer recomputes; unset it"
             )
         import_sglang()
+        if not torch.cuda.is_available():
+            raise RuntimeError(
+                "engine='sglang' needs a CUDA GPU in the process that runs it, and none is visible here "
+                f"(CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES')!r}): give its workers GPUs "
+                "(num_gpus_per_worker), or use engine='hf' or 'vllm'"
+            )
         if self.batching == "continuous":  # an SGLangEngine subclass, found by module name as ENGINES are
             module = importlib.import_module("unirl_lightning.engines.sglang_async")
             return module.AsyncSGLangEngine(self, policy, lora)
         return SGLangEngine(self, policy, lora)
-
-
-def sglang_engine_kwargs(
-    config: SGLangEngineConfig, served: ServedPolicy, lora: LoraSpec | None
-) -> dict[str, Any]:
-    """``sglang.Engine``'s arguments. With the memory saver, ``enable_weights_cpu_backup=True``: without
-    it SGLang's ``release_memory_occupation`` keeps no copy of the weights, so an engine woken without a
-    full push (a LoRA push, or ``every_n_steps > 1``) would serve garbage."""
-    kwargs: dict[str, Any] = dict(
-        model_path=served.path,
-        tokenizer_path=served.path,
-        dtype=config.dtype or served.dtype,
-        trust_remote_code=served.trust_remote_code,
-        mem_fraction_static=config.mem_fraction_static,
-        tp_size=config.tp_size,
-        random_seed=config.random_seed,
-        log_level="error",
-    )
-    if config.context_length is not None:
-        kwargs["context_length"] = config.context_length
-    if config.deterministic:
-        kwargs["enable_deterministic_inference"] = True
-    if config.enable_memory_saver:
-        kwargs.update(enable_memory_saver=True, enable_weights_cpu_backup=True)
-    if lora is not None:
-        kwargs.update(
-            enable_lora=True,
-            max_lora_rank=lora.rank,
-            lora_target_modules=list(lora.target_modules or ["all"]),
-            max_loras_per_batch=2,  # the adapter and base-only requests
-        )
-    kwargs.update(config.engine_kwargs)
-    return kwargs
 
 
 class SGLangEngine(RowGeneration):

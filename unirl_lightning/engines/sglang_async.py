@@ -17,6 +17,11 @@ it has not run on a GPU.
   in one weight-update session without flushing the cache while requests are live (SGLang refuses a
   flush with a running batch), tells SGLang the new version
   (``update_weight_version(abort_all_requests=False)``) and continues every request in place.
+* **The radix cache never serves a request KV of other weights.** Every request carries SGLang's
+  ``cache_salt`` named by the weight version current when it is added (``"w<version>"``; SGLang keys
+  its radix tree by it), so a prefix cached before a push (a chat template's system prompt, a group's
+  prompt) never serves a request added after it: the flush with the last bucket takes only when no
+  request runs, which a streaming engine kept full seldom reaches.
 * **Every token keeps its version.** SGLang's scheduler records, at each version change, how many
   tokens each live request has, and a finished request reports the spans
   (``meta_info["weight_versions"]``). SGLang's overlap scheduler would process one decode step
@@ -44,6 +49,7 @@ from unirl_lightning.engines.streaming import (
     RowCounter,
     Sample,
     StreamedRows,
+    cache_salt,
     refuse_lora_in_flight,
     token_versions,
 )
@@ -64,10 +70,16 @@ class ThreadsafeLoop:
 
 
 def running_request_slots(engine: Any, default: int) -> int:
-    """SGLang's cap on running requests (``max_running_requests``, as its server info reports it once
-    the scheduler has sized it), or ``default`` when it reports none."""
-    value = engine.get_server_info().get("max_running_requests")
-    return int(value) if isinstance(value, int) and value > 0 else default
+    """SGLang's cap on running requests as its scheduler sized it (the server info's
+    ``internal_states[0]["effective_max_running_requests_per_dp"]``; its top-level
+    ``max_running_requests`` is the launch argument, None unless set), or ``default`` when it reports
+    neither."""
+    info = engine.get_server_info()
+    states = info.get("internal_states") or [{}]
+    for value in (states[0].get("effective_max_running_requests_per_dp"), info.get("max_running_requests")):
+        if isinstance(value, int) and value > 0:
+            return value
+    return default
 
 
 class AsyncSGLangEngine(StreamedRows, SGLangEngine):
@@ -121,7 +133,11 @@ class AsyncSGLangEngine(StreamedRows, SGLangEngine):
         self.rows.add(+1)
         try:
             return await self.engine.async_generate(
-                input_ids=ids, sampling_params=params, return_logprob=True, lora_path=lora
+                input_ids=ids,
+                sampling_params=params,
+                return_logprob=True,
+                lora_path=lora,
+                cache_salt=cache_salt(self.weight_version),
             )
         finally:
             self.rows.add(-1)
@@ -155,3 +171,13 @@ class AsyncSGLangEngine(StreamedRows, SGLangEngine):
     def _load_lora(self, items: list[tuple[str, torch.Tensor]], weight_version: int) -> None:
         refuse_lora_in_flight("SGLang", self.rows.live, weight_version)
         super()._load_lora(items, weight_version)
+
+    def sleep(self) -> None:
+        """Refused while requests run: SGLang releases its memory only when idle, and asserts it in the
+        scheduler process (which would die) rather than answering the caller."""
+        if self.rows.live:
+            raise RuntimeError(
+                f"the SGLang engine cannot sleep with {self.rows.live} request(s) running: SGLang releases "
+                "its memory only when idle (placement='colocate' sleeps between steps, with nothing in flight)"
+            )
+        super().sleep()

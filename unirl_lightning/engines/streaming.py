@@ -1,7 +1,7 @@
 """What the engines on an asyncio server share (vLLM's ``AsyncLLM``, SGLang's tokenizer manager): the
 loop thread they run on, the rule that reads a sample's per-token weight versions from the engine's
-spans, the occupancy counter, the nested pause of a streamed push, and the grouping of rows that carry
-their own versions. Imports neither engine.
+spans, the prefix-cache namespace of a request, the occupancy counter, the nested pause of a streamed
+push, and the grouping of rows that carry their own versions. Imports neither engine.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ __all__ = [
     "RowCounter",
     "Sample",
     "StreamedRows",
+    "cache_salt",
     "refuse_lora_in_flight",
     "token_versions",
     "versioned_groups",
@@ -61,6 +62,13 @@ class EventLoopThread:
 
 def _field(span: Any, name: str) -> Any:
     return span[name] if isinstance(span, dict) else getattr(span, name)
+
+
+def cache_salt(weight_version: int) -> str:
+    """The prefix-cache namespace of a request added under ``weight_version`` (vLLM's and SGLang's
+    ``cache_salt``): a request shares cached KV only with requests added under the same weights, so a
+    prefix cached before a push never serves a request added after it."""
+    return f"w{weight_version}"
 
 
 def token_versions(spans: Iterable[Any] | None, num_tokens: int, default: int) -> list[int]:

@@ -14,10 +14,14 @@ asyncio loop on a thread of the rollout worker.
   version it holds, and the final output of a request carries the spans
   (``CompletionOutput.weight_versions``); a sample spanning a push reports them as
   ``Rollout.token_versions``, its group the oldest (the launch-stamp rule of the controller).
-* **The prefix cache** is reset after a push when no request holds blocks (vLLM resets only then);
-  with requests continuing in place, blocks cached under the old weights may serve a later prompt's
-  prefix until the next reset. ``sync_mode="quiesce"`` pushes into an idle engine, where the reset
-  always takes.
+* **The prefix cache never serves a request KV of other weights.** Every request carries vLLM's
+  ``cache_salt`` named by the weight version current when it is added (``"w<version>"``), and vLLM
+  hashes the salt into the request's first block, so a request shares cached blocks only with requests
+  added under the same version. Without it, a prefix cached before a push (a chat template's system
+  prompt, a group's prompt) would keep serving KV the old weights computed to every later request:
+  vLLM resets its prefix cache only when no request holds blocks, which a streaming engine kept full
+  seldom reaches. The cache is still reset after a push when vLLM allows it (an idle engine, as under
+  ``sync_mode="quiesce"``), which frees the old versions' blocks at once; otherwise they age out.
 * A LoRA adapter is per request in vLLM, so a request keeps the adapter it started with: an adapter
   push while requests run is refused (use ``sync_mode="quiesce"`` with LoRA).
 
@@ -26,8 +30,10 @@ scheduler's ``max_num_seqs``, integrated over time (a request queued in vLLM cou
 free, so this is an upper bound on vLLM's own running count).
 
 The sampling, log-prob and seeding contracts are the static engine's
-(:mod:`~unirl_lightning.engines.vllm`): the same per-sample seeds, so a call's samples do not depend
-on the engine's batching mode.
+(:mod:`~unirl_lightning.engines.vllm`): the same per-sample seeds, so on vLLM-CPU a call's samples do not
+depend on the engine's batching mode. On CUDA the logits themselves depend on what shares the batch
+unless vLLM runs batch-invariant (``VLLM_BATCH_INVARIANT=1``, compute capability 9.0 and up), so a
+near-tie token may differ between the two modes there.
 """
 
 from __future__ import annotations
@@ -47,6 +53,7 @@ from unirl_lightning.engines.streaming import (
     RowCounter,
     Sample,
     StreamedRows,
+    cache_salt,
     refuse_lora_in_flight,
     token_versions,
 )
@@ -166,9 +173,10 @@ class AsyncVLLMEngine(StreamedRows, VLLMEngine):
         request_id = f"{self._prefix}-{next(self._ids)}"
         self.rows.add(+1)
         final = None
+        prompt = {"prompt_token_ids": ids, "cache_salt": cache_salt(self.weight_version)}
         try:
             async for output in self.engine.generate(
-                {"prompt_token_ids": ids}, params, request_id, lora_request=self._lora_request
+                prompt, params, request_id, lora_request=self._lora_request
             ):
                 final = output
         finally:

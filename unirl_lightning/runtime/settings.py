@@ -141,8 +141,12 @@ class RolloutSettings:
         for key, amount in (self.worker_resources or {}).items():
             require_positive(f"worker_resources[{key!r}]", amount)
         gpus = float(self.num_gpus_per_worker)
-        if self.worker_layout == "per_gpu" and not (gpus >= 1 and gpus.is_integer()):
-            raise ValueError(f"worker_layout='per_gpu' needs a whole num_gpus_per_worker >= 1, got {gpus:g}")
+        if self.worker_layout == "per_gpu" and not (gpus >= 2 and gpus.is_integer()):
+            raise ValueError(
+                f"worker_layout='per_gpu' needs a whole num_gpus_per_worker >= 2 (vLLM's tensor-parallel workers, "
+                f"one per GPU), got {gpus:g}: with one GPU per worker use worker_layout='actor' (vLLM's "
+                "single-process executor runs on the actor's first visible GPU, not on the one Ray reserved)"
+            )
 
     @property
     def actor_gpus(self) -> float:

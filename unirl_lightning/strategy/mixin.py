@@ -20,7 +20,7 @@ from lightning.pytorch.accelerators import CPUAccelerator
 from lightning.pytorch.utilities import rank_zero_warn
 
 from unirl_lightning.core.checks import require_positive
-from unirl_lightning.core.device_rules import collective_device_error, sleep_level_error
+from unirl_lightning.core.device_rules import collective_device_error, nccl_cumem_setting, sleep_level_error
 from unirl_lightning.core.preflight import (
     LaunchUnit,
     SyncMode,
@@ -172,6 +172,15 @@ class RolloutStrategyMixin:
         if error is not None:
             raise ValueError(error)
         self.weight_sync: WeightSync = resolve_weight_sync(weight_sync, placement)
+        cumem = nccl_cumem_setting(
+            engine_name(self.rollout.engine),
+            weight_sync_kind(self.weight_sync),
+            str(getattr(self.weight_sync, "backend", "auto")),
+            os.environ.get("NCCL_CUMEM_ENABLE"),
+        )
+        if cumem is not None:  # before Lightning starts the ranks and any NCCL communicator
+            os.environ["NCCL_CUMEM_ENABLE"] = cumem
+            log.info("NCCL_CUMEM_ENABLE=%s: the SGLang workers' NCCL runs with it (a collective push)", cumem)
         self.sync_interval: int | None = None  # handed over by WeightSyncCallback.setup
         self.runtime: RolloutRuntime | None = None
         self._pending_state: dict[str, Any] | None = None  # a checkpoint's, loaded before setup

@@ -51,10 +51,13 @@ def worker_runtime_env(runtime_env: dict[str, Any] | None = None, threads: Any =
     worker's torch thread count ``threads`` (a positive int), ``OMP_NUM_THREADS`` set to it (Ray sets
     it to the actor's ``num_cpus``, 1 by default, and an OpenMP runtime started at 1 thread runs a
     later ``torch.set_num_threads(2)`` about 40 % slower on small products than one started at 2).
-    A value the caller's ``env_vars`` already hold is kept."""
+    The driver's ``NCCL_CUMEM_ENABLE``, when set, is passed on (NCCL peers of a collective push must
+    agree on it). A value the caller's ``env_vars`` already hold is kept."""
     env = dict(runtime_env or {})
     env_vars = dict(env.get("env_vars") or {})
     env_vars.setdefault("RAY_worker_niceness", os.environ.get("RAY_worker_niceness", str(WORKER_NICENESS)))
+    if "NCCL_CUMEM_ENABLE" in os.environ:  # NCCL peers must agree on it (device_rules.nccl_cumem_setting)
+        env_vars.setdefault("NCCL_CUMEM_ENABLE", os.environ["NCCL_CUMEM_ENABLE"])
     if isinstance(threads, int) and not isinstance(threads, bool) and threads > 0:
         env_vars.setdefault("OMP_NUM_THREADS", str(threads))
     env["env_vars"] = env_vars
