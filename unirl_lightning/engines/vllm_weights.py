@@ -9,6 +9,7 @@ as it arrives (LoRA, or several vLLM workers)."""
 from __future__ import annotations
 
 import json
+import logging
 import os
 import shutil
 from collections.abc import Iterable
@@ -21,6 +22,8 @@ from unirl_lightning.models.lora import is_lora_push
 from unirl_lightning.weight_sync.buckets import layer_of, pack_tensors, weight_buckets
 
 __all__ = ["VLLMWeights", "whole_layers_first"]
+
+log = logging.getLogger(__name__)
 
 
 def whole_layers_first(
@@ -82,11 +85,17 @@ class VLLMWeights:
 
     def _update(self, update_info: dict[str, Any]) -> None:
         """One ``update_weights`` chunk; when it fails, vLLM's worker ends the session itself (the
-        backend puts every layer back), so :meth:`finish_weight_load` must not end it again."""
+        backend puts every layer back), so :meth:`finish_weight_load` must not end it again. With
+        several tensor-parallel workers only those whose chunk failed end theirs: the others' sessions
+        are ended here (``unirl_end_open_session``), or every later push would fail at its start."""
         try:
             self.llm.collective_rpc("update_weights", kwargs={"update_info": update_info})
         except BaseException:
             self._session_open = False
+            try:
+                self.llm.collective_rpc("unirl_end_open_session")
+            except Exception:  # the chunk's error is the one raised
+                log.exception("ending the weight-update sessions left open after a failed chunk failed")
             raise
 
     def finish_weight_load(self, weight_version: int | None) -> None:

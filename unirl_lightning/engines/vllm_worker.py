@@ -39,6 +39,14 @@ class VLLMWorkerExtension:
         engine = getattr(self, "weight_transfer_engine", None)
         return {"pid": os.getpid(), "last_receive": dict(getattr(engine, "last_receive", {}) or {})}
 
+    def unirl_end_open_session(self) -> bool:
+        """End this worker's weight-update session if it is still open (after a chunk failed on another
+        tensor-parallel worker: vLLM ends the session only where the chunk raised); True if it was."""
+        if not getattr(self, "_weight_update_active", False):
+            return False
+        self.finish_weight_update()
+        return True
+
     def unirl_param_digests(self, shapes: dict[str, list[int]] | None = None) -> dict[str, Any]:
         """sha256 of the bytes, dtype and shape of each of the model's parameters as vLLM holds them
         (a test's check of what a push left in the model). ``shapes`` digests only the leading
