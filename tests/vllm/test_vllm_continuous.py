@@ -72,6 +72,8 @@ def test_a_push_mid_generation_continues_the_requests_in_place_each_token_keepin
     of both versions, in order; a call after the push is wholly the new version, and its log-probs are
     the new weights' (the load reached the engine-core process)."""
     before = engine.weight_version
+    new_model, _ = tiny_policy(seed=5).build()  # built before the requests start: they last ~0.1 s here
+    weights = list(new_model.state_dict().items())
     out: dict[str, list] = {}
     call = threading.Thread(target=lambda: out.setdefault("groups", engine.generate(request(10, 58, seed=3))))
     call.start()
@@ -79,8 +81,7 @@ def test_a_push_mid_generation_continues_the_requests_in_place_each_token_keepin
     while engine.rows.live < 16 and time.monotonic() < deadline:  # every request added
         time.sleep(0.005)
     time.sleep(0.02)  # a few tokens each
-    new_model, _ = tiny_policy(seed=5).build()
-    engine.load_weights(list(new_model.state_dict().items()), before + 1)
+    engine.load_weights(weights, before + 1)
     call.join()
     rows = [r for g in out["groups"] for r in g]
     spanning = [r for r in rows if r.token_versions is not None]
@@ -120,6 +121,8 @@ def test_a_prefix_cached_before_a_push_never_serves_a_request_added_after_it():
         long = RolloutRequest(records=[{"prompt": prompt}], n=1, sampling=sampling, seed=2)
         old_model, _ = policy(0).build()
         assert max_logprob_gap(old_model, engine.generate(long), 1.0) < 1e-4  # cached under these weights
+        new_model, _ = policy(9).build()  # built before the requests start: they last ~0.1 s here
+        weights = list(new_model.state_dict().items())
         out: dict[str, list] = {}
         busy = RolloutRequest(
             records=records(), n=4, sampling=SamplingParams(max_new_tokens=58, temperature=1.0), seed=5
@@ -130,8 +133,7 @@ def test_a_prefix_cached_before_a_push_never_serves_a_request_added_after_it():
         while engine.rows.live < 16 and time.monotonic() < deadline:
             time.sleep(0.005)
         time.sleep(0.02)
-        new_model, _ = policy(9).build()
-        engine.load_weights(list(new_model.state_dict().items()), 1)  # rows live: vLLM keeps its cache
+        engine.load_weights(weights, 1)  # rows live: vLLM keeps its cache
         call.join()
         assert any(r.token_versions is not None for g in out["groups"] for r in g), "no row was live"
         gap = max_logprob_gap(new_model, engine.generate(long), 1.0)
