@@ -40,6 +40,19 @@ def test_a_ray_worker_without_a_gpu_or_with_fewer_than_tp_size_is_refused_naming
     assert SGLangEngineConfig(tp_size=2).for_placement(rollout_settings(num_gpus_per_worker=2)).tp_size == 2
 
 
+def test_fit_and_plan_refuse_sglang_without_gpus_naming_the_key(tmp_path, capsys, monkeypatch):
+    from tests.unit.test_gpu_rules import EXAMPLES, fit_exit, plan_errors
+
+    sglang = ["--config", str(EXAMPLES / "grpo_tiny.yaml"), "--trainer.strategy.init_args.engine=sglang"]
+    errors = plan_errors(sglang, tmp_path)
+    assert [e["key"] for e in errors] == ["trainer.strategy.init_args.num_gpus_per_worker"]
+    assert "num_gpus_per_worker=0 gives each worker 0" in errors[0]["message"]
+    assert plan_errors([*sglang, "--trainer.strategy.init_args.num_gpus_per_worker=1"], tmp_path) == []
+    monkeypatch.chdir(tmp_path)
+    code, last = fit_exit(sglang, capsys)
+    assert code == 2 and last.startswith("error: trainer.strategy.init_args.num_gpus_per_worker"), last
+
+
 @pytest.mark.parametrize(
     ("placement", "asked", "expected"),
     [

@@ -23,6 +23,7 @@ __all__ = [
     "recipe_device_errors",
     "renamed_by_transformers",
     "shared_gpu_memory_error",
+    "sglang_gpu_error",
     "sleep_level_error",
     "tensor_parallel_size_for",
     "vllm_executor_backend",
@@ -95,6 +96,23 @@ def nccl_cumem_setting(engine: Any, weight_sync: str, backend: str, current: str
     if current is not None or weight_sync != "collective" or backend == "gloo":
         return None
     return "0" if serving_engine(engine) == "sglang" else None
+
+
+def sglang_gpu_error(
+    placement: str, num_gpus_per_worker: float, worker_layout: str, tp_size: int
+) -> str | None:
+    """SGLang runs on CUDA only: in a Ray worker (every placement but ``"hybrid"``) the actor itself
+    must hold ``tp_size`` GPUs (Ray gives an actor of 0 GPUs an empty ``CUDA_VISIBLE_DEVICES``, and
+    SGLang's scheduler dies on it)."""
+    actor_gpus = float(num_gpus_per_worker) if worker_layout == "actor" else 0.0
+    if placement == "hybrid" or actor_gpus >= max(1, tp_size):
+        return None
+    layout = f", worker_layout={worker_layout!r}" if worker_layout != "actor" else ""
+    return (
+        f"engine='sglang' runs on CUDA GPUs that its Ray worker holds, but num_gpus_per_worker="
+        f"{float(num_gpus_per_worker):g}{layout} gives each worker {actor_gpus:g}: set num_gpus_per_worker "
+        f"to tp_size ({tp_size}) with worker_layout='actor', or use engine='hf' or 'vllm' (which run on CPU too)"
+    )
 
 
 def tensor_parallel_size_for(num_gpus_per_worker: float, tensor_parallel_size: int | None = None) -> int:
@@ -174,8 +192,8 @@ def checkpoint_names_error(model_type: str, renamed: bool, engine: str) -> str |
 
 def recipe_device_errors(config: Any, trainer_on_cuda: bool) -> list[tuple[str, str]]:
     """The rules above that read a whole recipe (``fit`` at parse time, ``plan``): the collective
-    weight sync's devices (:func:`collective_device_error`) and vLLM's ``sleep_level``
-    (:func:`sleep_level_error`). Returns ``(key, message)`` pairs; ``config`` is a parsed fit config
+    weight sync's devices (:func:`collective_device_error`), SGLang's GPUs (:func:`sglang_gpu_error`)
+    and vLLM's ``sleep_level`` (:func:`sleep_level_error`). Returns ``(key, message)`` pairs; ``config`` is a parsed fit config
     (dicts or Namespaces); ``trainer_on_cuda``: the training ranks run on GPUs."""
     rollout = config_value(config, "trainer", "strategy", "init_args", default={})
     placement = str(config_value(rollout, "placement", default="separate"))
@@ -202,6 +220,14 @@ def recipe_device_errors(config: Any, trainer_on_cuda: bool) -> list[tuple[str, 
         packed = shared_gpu_memory_error(placement, 0, 0, 0, 0, 0, False, gpus, float(utilization or 0.5))
         if packed:
             errors.append(("trainer.strategy.init_args.engine.init_args.gpu_memory_utilization", packed))
+    if serving_engine(engine) == "sglang":
+        tp_size = (
+            1 if isinstance(engine, str) else int(config_value(engine, "init_args", "tp_size", default=1))
+        )
+        layout = str(config_value(rollout, "worker_layout", default="actor"))
+        error = sglang_gpu_error(placement, gpus, layout, tp_size)
+        if error:
+            errors.append(("trainer.strategy.init_args.num_gpus_per_worker", error))
     sleep_level = (
         1 if isinstance(engine, str) else int(config_value(engine, "init_args", "sleep_level", default=1))
     )

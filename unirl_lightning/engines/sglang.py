@@ -70,6 +70,7 @@ from typing import Any, Literal
 import torch
 
 from unirl_lightning.core.checks import require_choice, require_in_range, require_positive
+from unirl_lightning.core.device_rules import sglang_gpu_error
 from unirl_lightning.core.seeding import derive_seeds
 from unirl_lightning.engines.base import (
     EngineConfig,
@@ -178,16 +179,12 @@ class SGLangEngineConfig(EngineConfig):
         """The memory saver on where the engine shares the trainer's GPU (unless set); a Ray worker
         that holds no GPU, or fewer than ``tp_size``, refused (SGLang has no CPU path: its scheduler
         would die on an empty ``CUDA_VISIBLE_DEVICES``)."""
-        if not settings.in_process and settings.actor_gpus < max(1, self.tp_size):
-            layout = (
-                f", worker_layout={settings.worker_layout!r}" if settings.worker_layout != "actor" else ""
-            )
-            raise ValueError(
-                f"engine='sglang' runs on CUDA GPUs that its Ray worker holds, but num_gpus_per_worker="
-                f"{settings.num_gpus_per_worker:g}{layout} gives each worker {settings.actor_gpus:g}: set "
-                f"num_gpus_per_worker to tp_size ({self.tp_size}) with worker_layout='actor', or use "
-                "engine='hf' or 'vllm' (which run on CPU too)"
-            )
+        placement = "hybrid" if settings.in_process else str(settings.placement)
+        error = sglang_gpu_error(
+            placement, settings.num_gpus_per_worker, settings.worker_layout, self.tp_size
+        )
+        if error is not None:
+            raise ValueError(error)
         if self.enable_memory_saver is None:
             return dataclasses.replace(self, enable_memory_saver=bool(settings.shares_trainer_device))
         return self
