@@ -12,7 +12,6 @@ from unirl_lightning.rollout.records import SamplingParams
 
 if TYPE_CHECKING:
     from unirl_lightning.engines.serving import ServedPolicy
-    from unirl_lightning.engines.sglang import SGLangEngineConfig
 
 __all__ = ["OWNED_SAMPLING_KEYS", "sglang_engine_kwargs", "sglang_sampling_params"]
 
@@ -57,10 +56,8 @@ def sglang_sampling_params(
     return param
 
 
-def sglang_engine_kwargs(
-    config: SGLangEngineConfig, served: ServedPolicy, lora: LoraSpec | None
-) -> dict[str, Any]:
-    """``sglang.Engine``'s arguments. With the memory saver, ``enable_weights_cpu_backup=True``: without
+def sglang_engine_kwargs(config: Any, served: ServedPolicy, lora: LoraSpec | None) -> dict[str, Any]:
+    """``sglang.Engine``'s arguments for ``config`` (an ``SGLangEngineConfig``). With the memory saver, ``enable_weights_cpu_backup=True``: without
     it SGLang's ``release_memory_occupation`` keeps no copy of the weights, so an engine woken without a
     full push (a LoRA push, or ``every_n_steps > 1``) would serve garbage. A float32 policy gets the
     Triton attention backend (SGLang's Hopper default, FA3, takes 16-bit inputs only); the scheduler
