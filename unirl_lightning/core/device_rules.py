@@ -11,7 +11,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from unirl_lightning.core.preflight import config_value, recipe_sync_every, serving_engine
+from unirl_lightning.core.preflight import (
+    IN_PROCESS_PLACEMENTS,
+    config_value,
+    recipe_sync_every,
+    serving_engine,
+)
 
 __all__ = [
     "COLLECTIVE_BACKENDS",
@@ -105,7 +110,7 @@ def sglang_gpu_error(
     must hold ``tp_size`` GPUs (Ray gives an actor of 0 GPUs an empty ``CUDA_VISIBLE_DEVICES``, and
     SGLang's scheduler dies on it)."""
     actor_gpus = float(num_gpus_per_worker) if worker_layout == "actor" else 0.0
-    if placement == "hybrid" or actor_gpus >= max(1, tp_size):
+    if placement in IN_PROCESS_PLACEMENTS or actor_gpus >= max(1, tp_size):
         return None
     layout = f", worker_layout={worker_layout!r}" if worker_layout != "actor" else ""
     return (

@@ -219,17 +219,21 @@ def hybrid_engine_error(placement: str, engine: str, world_size: int) -> str | N
     name = serving_engine(engine)
     if placement not in IN_PROCESS_PLACEMENTS or name not in ("vllm", "sglang") or world_size <= 1:
         return None
-    why = (
-        "vLLM's in-process engine would build its parallel state over the trainer's process group and put "
-        "every rank's worker on device 0"
-        if name == "vllm"
-        else "SGLang's shutdown kills every child process of the training process, the other ranks among them"
-    )
+    label, why = {
+        "vllm": (
+            "vLLM",
+            "vLLM's in-process engine would build its parallel state over the trainer's process group and "
+            "put every rank's worker on device 0",
+        ),
+        "sglang": (
+            "SGLang",
+            "SGLang's shutdown kills every child process of the training process, the other ranks among them",
+        ),
+    }[name]
     return (
-        f"placement={placement!r} with engine={name!r} runs {'vLLM' if name == 'vllm' else 'SGLang'} in the "
-        f"training process of one rank only, got {world_size} training ranks ({why}): use engine='hf' "
-        f"with several ranks, or placement='colocate' ({'vLLM' if name == 'vllm' else 'SGLang'} in Ray "
-        "workers on the training GPUs)"
+        f"placement={placement!r} with engine={name!r} runs {label} in the training process of one rank "
+        f"only, got {world_size} training ranks ({why}): use engine='hf' with several ranks, or "
+        f"placement='colocate' ({label} in Ray workers on the training GPUs)"
     )
 
 

@@ -179,9 +179,8 @@ class SGLangEngineConfig(EngineConfig):
         """The memory saver on where the engine shares the trainer's GPU (unless set); a Ray worker
         that holds no GPU, or fewer than ``tp_size``, refused (SGLang has no CPU path: its scheduler
         would die on an empty ``CUDA_VISIBLE_DEVICES``)."""
-        placement = "hybrid" if settings.in_process else str(settings.placement)
         error = sglang_gpu_error(
-            placement, settings.num_gpus_per_worker, settings.worker_layout, self.tp_size
+            settings.placement, settings.num_gpus_per_worker, settings.worker_layout, self.tp_size
         )
         if error is not None:
             raise ValueError(error)

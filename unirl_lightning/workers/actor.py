@@ -34,7 +34,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from unirl_lightning.rewards.scoring import reward_timeouts
+from unirl_lightning.rewards.scoring import reward_timeouts, score_parts
 from unirl_lightning.rollout.records import GenerationResult, RolloutRequest
 from unirl_lightning.weight_sync.buckets import PackedWeights
 
@@ -50,8 +50,6 @@ def score_groups(reward: Any, groups: list[list[Any]], records: list[dict[str, A
     (:mod:`unirl_lightning.workers.reward`) when the strategy sets ``reward_workers``. Returns the
     checks the reward gave up on meanwhile (:func:`reward_timeouts`; on a threaded worker, concurrent
     calls may swap theirs, never lose one)."""
-    from unirl_lightning.rewards import score_parts
-
     rows = [
         (rollout, record)
         for group, record in zip(groups, records)
